@@ -1,0 +1,24 @@
+# The README names two targets: `make run` and `make test`.
+.PHONY: run test lint format bench lock
+
+run:
+	compose/bin/run
+
+test:
+	compose/bin/test
+
+lint:
+	.venv/bin/ruff check . && .venv/bin/ruff format --check . && .venv/bin/mypy
+
+format:
+	.venv/bin/ruff check --fix . && .venv/bin/ruff format .
+
+bench:
+	.venv/bin/python -m bench $(or $(NAME),all)
+
+# Re-pin every transitive package after changing requirements.in.
+lock:
+	rm -rf .venv-lock && python3.11 -m venv .venv-lock
+	.venv-lock/bin/pip install --quiet -r requirements.in
+	.venv-lock/bin/pip freeze --exclude-editable > requirements.lock
+	rm -rf .venv-lock

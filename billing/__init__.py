@@ -1,0 +1,1 @@
+"""Prices, the per-minute meter, the ledger, invoices and the finance views."""

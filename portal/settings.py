@@ -1,0 +1,243 @@
+"""Django settings for the GPU portal.
+
+Every value that differs between machines is read from the environment here
+and nowhere else; the README's settings table lists each variable with its
+default. A bad value stops start-up with a message that names the variable.
+"""
+
+from __future__ import annotations
+
+import secrets
+import zoneinfo
+from pathlib import Path
+
+import dj_database_url
+import django_stubs_ext
+from django.core.exceptions import ImproperlyConfigured
+
+from portal.env import Env
+
+django_stubs_ext.monkeypatch()
+env = Env()
+BASE_DIR = Path(__file__).resolve().parent.parent
+DATA_DIR = env.path("PORTAL_DATA_DIR", BASE_DIR / "var")
+
+
+def _secret_key() -> str:
+    """Use PORTAL_SECRET_KEY, else a key generated once into the data directory."""
+    given = env.text("PORTAL_SECRET_KEY", "")
+    if given:
+        if len(given) < 32:
+            raise ImproperlyConfigured("PORTAL_SECRET_KEY must be at least 32 characters long.")
+        return given
+    key_file = DATA_DIR / "secret_key"
+    if not key_file.exists():
+        DATA_DIR.mkdir(parents=True, exist_ok=True)
+        key_file.touch(mode=0o600)
+        key_file.write_text(secrets.token_urlsafe(50))
+    return key_file.read_text().strip()
+
+
+def _database() -> dict[str, object]:
+    default = f"sqlite:///{DATA_DIR / 'portal.sqlite3'}"
+    url = env.text("DATABASE_URL", default)
+    try:
+        config = dict(dj_database_url.parse(url, conn_max_age=0))
+    except (ValueError, KeyError) as error:
+        raise ImproperlyConfigured(f"DATABASE_URL is not a database URL we understand: {error}") from None
+    engine = str(config.get("ENGINE", ""))
+    if not engine.endswith(("sqlite3", "postgresql")):
+        raise ImproperlyConfigured("DATABASE_URL must start with sqlite:// or postgres://.")
+    if engine.endswith("sqlite3"):
+        Path(str(config["NAME"])).parent.mkdir(parents=True, exist_ok=True)
+        config["OPTIONS"] = {"timeout": 20, "transaction_mode": "IMMEDIATE"}
+    return config
+
+
+def _redis_url() -> str:
+    url = env.text("REDIS_URL", "redis://127.0.0.1:6379/0")
+    if not url.startswith(("redis://", "rediss://", "unix://")):
+        raise ImproperlyConfigured(f"REDIS_URL must start with redis://, rediss:// or unix:// (got {url!r}).")
+    return url
+
+
+def _time_zone() -> str:
+    name = env.text("PORTAL_TIME_ZONE", "UTC")
+    if name not in zoneinfo.available_timezones():
+        raise ImproperlyConfigured(f"PORTAL_TIME_ZONE must be an IANA time zone such as Europe/Berlin (got {name!r}).")
+    return name
+
+
+SECRET_KEY = _secret_key()
+DEBUG = env.flag("PORTAL_DEBUG", False)
+ALLOWED_HOSTS = env.items("PORTAL_ALLOWED_HOSTS", ["127.0.0.1", "localhost"])
+CSRF_TRUSTED_ORIGINS = env.items("PORTAL_CSRF_TRUSTED_ORIGINS", [])
+SIGNUP_ENABLED = env.flag("PORTAL_SIGNUP_ENABLED", False)
+SITE_NAME = env.text("PORTAL_SITE_NAME", "GPU Portal")
+
+INSTALLED_APPS = [
+    "daphne",
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "whitenoise.runserver_nostatic",
+    "django.contrib.staticfiles",
+    "channels",
+    "django_htmx",
+    "axes",
+    "portal",
+    "sessions.apps.GpuSessionsConfig",
+    "billing",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "django_htmx.middleware.HtmxMiddleware",
+    "axes.middleware.AxesMiddleware",
+]
+
+ROOT_URLCONF = "portal.urls"
+ASGI_APPLICATION = "portal.asgi.application"
+WSGI_APPLICATION = None
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+                "portal.context_processors.portal",
+            ],
+            "builtins": ["template_partials.templatetags.partials"],
+        },
+    },
+]
+
+DATABASES = {"default": _database()}
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+REDIS_URL = _redis_url()
+CACHES = {
+    "default": {
+        "BACKEND": "django.core.cache.backends.redis.RedisCache",
+        "LOCATION": REDIS_URL,
+        "KEY_PREFIX": env.text("PORTAL_CACHE_PREFIX", "portal"),
+    }
+}
+CHANNEL_LAYERS = {
+    "default": {
+        "BACKEND": "channels_redis.core.RedisChannelLayer",
+        "CONFIG": {
+            "hosts": [REDIS_URL],
+            "prefix": env.text("PORTAL_CHANNEL_PREFIX", "portal"),
+            "capacity": 500,
+        },
+    }
+}
+
+CELERY_BROKER_URL = REDIS_URL
+CELERY_RESULT_BACKEND = REDIS_URL
+CELERY_TASK_DEFAULT_QUEUE = env.text("PORTAL_CELERY_QUEUE", "portal")
+CELERY_TASK_ACKS_LATE = True
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+CELERY_TIMEZONE = "UTC"
+CELERY_TASK_ALWAYS_EAGER = False
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator", "OPTIONS": {"min_length": 10}},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+    {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
+]
+AUTHENTICATION_BACKENDS = [
+    "axes.backends.AxesStandaloneBackend",
+    "django.contrib.auth.backends.ModelBackend",
+]
+LOGIN_URL = "login"
+LOGIN_REDIRECT_URL = "dashboard"
+LOGOUT_REDIRECT_URL = "login"
+PASSWORD_RESET_TIMEOUT = env.integer("PORTAL_PASSWORD_RESET_TIMEOUT", 3 * 3600, minimum=300)
+
+# Failed-login throttling (django-axes): a username or an address that fails
+# this many times in a row is locked out for the cool-off period.
+AXES_FAILURE_LIMIT = env.integer("PORTAL_LOGIN_FAILURE_LIMIT", 5, minimum=1)
+AXES_COOLOFF_TIME = env.integer("PORTAL_LOGIN_COOLOFF_MINUTES", 15, minimum=1) / 60
+AXES_LOCKOUT_PARAMETERS = ["ip_address", "username"]
+AXES_LOCKOUT_TEMPLATE = "registration/locked_out.html"
+AXES_RESET_ON_SUCCESS = True
+AXES_HANDLER = "axes.handlers.cache.AxesCacheHandler"
+AXES_IPWARE_META_PRECEDENCE_ORDER = ["REMOTE_ADDR"]
+AXES_VERBOSE = False
+AXES_SENSITIVE_PARAMETERS = ["password"]
+
+EMAIL_BACKEND = env.choice(
+    "PORTAL_EMAIL_BACKEND",
+    "console",
+    {
+        "console": "django.core.mail.backends.console.EmailBackend",
+        "smtp": "django.core.mail.backends.smtp.EmailBackend",
+        "file": "django.core.mail.backends.filebased.EmailBackend",
+        "memory": "django.core.mail.backends.locmem.EmailBackend",
+    },
+)
+EMAIL_FILE_PATH = DATA_DIR / "mail"
+EMAIL_HOST = env.text("PORTAL_EMAIL_HOST", "127.0.0.1")
+EMAIL_PORT = env.integer("PORTAL_EMAIL_PORT", 25, minimum=1)
+EMAIL_HOST_USER = env.text("PORTAL_EMAIL_USER", "")
+EMAIL_HOST_PASSWORD = env.text("PORTAL_EMAIL_PASSWORD", "")
+EMAIL_USE_TLS = env.flag("PORTAL_EMAIL_USE_TLS", False)
+DEFAULT_FROM_EMAIL = env.text("PORTAL_DEFAULT_FROM_EMAIL", "portal@localhost")
+
+LANGUAGE_CODE = "en"
+TIME_ZONE = _time_zone()
+USE_I18N = False
+USE_TZ = True
+
+STATIC_URL = "/static/"
+STATIC_ROOT = DATA_DIR / "static"
+STATICFILES_DIRS = [BASE_DIR / "static"]
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {"BACKEND": "whitenoise.storage.CompressedManifestStaticFilesStorage"},
+}
+MEDIA_ROOT = DATA_DIR / "media"
+
+# Request bodies: forms stay small; uploads get their own limits later.
+DATA_UPLOAD_MAX_MEMORY_SIZE = env.integer("PORTAL_MAX_BODY_BYTES", 2 * 1024 * 1024, minimum=1024)
+DATA_UPLOAD_MAX_NUMBER_FIELDS = 500
+
+SESSION_COOKIE_HTTPONLY = True
+SESSION_COOKIE_SAMESITE = "Lax"
+CSRF_COOKIE_SAMESITE = "Lax"
+SECURE_CONTENT_TYPE_NOSNIFF = True
+X_FRAME_OPTIONS = "DENY"
+SECURE_REFERRER_POLICY = "same-origin"
+# Behind TLS (anything but a developer's DEBUG run) cookies travel only over HTTPS.
+SECURE_COOKIES = env.flag("PORTAL_SECURE_COOKIES", not DEBUG)
+SESSION_COOKIE_SECURE = SECURE_COOKIES
+CSRF_COOKIE_SECURE = SECURE_COOKIES
+if env.flag("PORTAL_BEHIND_TLS_PROXY", False):
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": env.text("PORTAL_LOG_LEVEL", "INFO").upper()},
+    "loggers": {"django.request": {"level": "WARNING"}},
+}

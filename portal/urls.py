@@ -1,0 +1,24 @@
+"""URL map: login and account pages, dashboard, each app's pages, the admin."""
+
+from django.conf import settings
+from django.contrib import admin
+from django.contrib.auth import views as auth_views
+from django.urls import include, path
+
+from portal import views
+
+urlpatterns = [
+    path("", views.dashboard, name="dashboard"),
+    path("healthz", views.healthz, name="healthz"),
+    path("accounts/signup/", views.signup, name="signup"),
+    path("accounts/login/", auth_views.LoginView.as_view(redirect_authenticated_user=True), name="login"),
+    path(
+        "accounts/password_reset/",
+        auth_views.PasswordResetView.as_view(extra_email_context={"site_name": settings.SITE_NAME}),
+        name="password_reset",
+    ),
+    path("accounts/", include("django.contrib.auth.urls")),
+    path("sessions/", include("sessions.urls")),
+    path("billing/", include("billing.urls")),
+    path("admin/", admin.site.urls),
+]

@@ -1,0 +1,52 @@
+"""The portal's own pages: dashboard, sign-up, health check."""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.contrib import messages
+from django.contrib.auth import login
+from django.contrib.auth.decorators import login_required
+from django.contrib.auth.models import Group
+from django.http import Http404, HttpRequest, HttpResponse
+from django.shortcuts import redirect, render
+from django.views.decorators.http import require_GET
+
+from portal.forms import SignupForm
+from portal.http import PortalRequest
+from portal.models import WorkerHeartbeat
+from portal.roles import USERS, is_operator
+
+
+@require_GET
+def healthz(request: HttpRequest) -> HttpResponse:
+    """Liveness probe; also the bare-Django baseline of the dashboard benchmark."""
+    return HttpResponse("ok", content_type="text/plain")
+
+
+@login_required
+def dashboard(request: PortalRequest) -> HttpResponse:
+    context = {"heartbeats": _heartbeats(request)}
+    if request.htmx and request.htmx.target == "workers":
+        return render(request, "portal/dashboard.html#workers", context)
+    return render(request, "portal/dashboard.html", context)
+
+
+def _heartbeats(request: PortalRequest) -> list[WorkerHeartbeat]:
+    if not is_operator(request.user):
+        return []
+    return list(WorkerHeartbeat.objects.all())
+
+
+def signup(request: HttpRequest) -> HttpResponse:
+    if not settings.SIGNUP_ENABLED:
+        raise Http404("Sign-up is switched off on this portal.")
+    if request.user.is_authenticated:
+        return redirect("dashboard")
+    form = SignupForm(request.POST or None)
+    if request.method == "POST" and form.is_valid():
+        user = form.save()
+        user.groups.add(Group.objects.get_or_create(name=USERS)[0])
+        login(request, user, backend="django.contrib.auth.backends.ModelBackend")
+        messages.success(request, "Welcome! Your account is ready.")
+        return redirect("dashboard")
+    return render(request, "registration/signup.html", {"form": form})

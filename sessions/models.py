@@ -1,0 +1,1 @@
+"""Models of the sessions app: GPUs, slices, notebook sessions, render jobs (filled by later issues)."""
