@@ -24,6 +24,9 @@ class NotificationConsumer(AsyncJsonWebsocketConsumer):
         user = self.scope.get("user")
         if user is None or not user.is_authenticated:
             log.info("websocket refused: no logged-in session")
+            # Accept, then close with our code: a browser sees 4401 ("log in again")
+            # instead of an anonymous handshake failure.
+            await self.accept()
             await self.close(code=CLOSE_UNAUTHENTICATED)
             return
         self.group_name = push.user_group(user.pk)

@@ -51,6 +51,8 @@ def _database() -> dict[str, object]:
     if engine.endswith("sqlite3"):
         Path(str(config["NAME"])).parent.mkdir(parents=True, exist_ok=True)
         config["OPTIONS"] = {"timeout": 20, "transaction_mode": "IMMEDIATE"}
+        # A file, not memory, so test helper processes (worker, daphne) share it.
+        config["TEST"] = {"NAME": str(DATA_DIR / "test.sqlite3")}
     return config
 
 
@@ -86,6 +88,7 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "channels",
     "django_htmx",
+    "template_partials.apps.SimpleAppConfig",
     "axes",
     "portal",
     "sessions.apps.GpuSessionsConfig",
@@ -113,8 +116,22 @@ TEMPLATES = [
     {
         "BACKEND": "django.template.backends.django.DjangoTemplates",
         "DIRS": [BASE_DIR / "templates"],
-        "APP_DIRS": True,
         "OPTIONS": {
+            # Named partials ({% partialdef %}) let a view render one region of a page for htmx.
+            "loaders": [
+                (
+                    "template_partials.loader.Loader",
+                    [
+                        (
+                            "django.template.loaders.cached.Loader",
+                            [
+                                "django.template.loaders.filesystem.Loader",
+                                "django.template.loaders.app_directories.Loader",
+                            ],
+                        )
+                    ],
+                )
+            ],
             "context_processors": [
                 "django.template.context_processors.request",
                 "django.contrib.auth.context_processors.auth",
@@ -179,7 +196,7 @@ AXES_COOLOFF_TIME = env.integer("PORTAL_LOGIN_COOLOFF_MINUTES", 15, minimum=1) /
 AXES_LOCKOUT_PARAMETERS = ["ip_address", "username"]
 AXES_LOCKOUT_TEMPLATE = "registration/locked_out.html"
 AXES_RESET_ON_SUCCESS = True
-AXES_HANDLER = "axes.handlers.cache.AxesCacheHandler"
+AXES_HANDLER = "axes.handlers.database.AxesDatabaseHandler"
 AXES_IPWARE_META_PRECEDENCE_ORDER = ["REMOTE_ADDR"]
 AXES_VERBOSE = False
 AXES_SENSITIVE_PARAMETERS = ["password"]

@@ -1,0 +1,124 @@
+"""Shared fixtures: the people (alice, bob, staff, billing), real helper processes, browser set-up."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from django.conf import settings
+from django.contrib.auth.models import User
+from django.core.management import call_command
+from django.test import Client
+
+from portal.roles import BILLING, OPERATORS, USERS, ensure_roles
+from tests.factories import make_user
+from tests.helpers import processes
+
+ROOT = Path(__file__).resolve().parents[1]
+ARTIFACTS = ROOT / "artifacts"
+RUN_ID = uuid.uuid4().hex[:8]
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Keep this run's Redis keys, queues and groups apart from a running portal and other runs."""
+    settings.CELERY_TASK_DEFAULT_QUEUE = f"test-{RUN_ID}"
+    settings.CACHES["default"]["KEY_PREFIX"] = f"test-{RUN_ID}"
+    settings.CHANNEL_LAYERS["default"]["CONFIG"]["prefix"] = f"test-{RUN_ID}"  # type: ignore[index]
+    from portal.celery import app
+
+    app.conf.task_default_queue = settings.CELERY_TASK_DEFAULT_QUEUE
+    # The manifest storage needs collected static files, as in production.
+    call_command("collectstatic", interactive=False, verbosity=0)
+    (ARTIFACTS / "logs").mkdir(parents=True, exist_ok=True)
+    (ARTIFACTS / "screenshots").mkdir(parents=True, exist_ok=True)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Browser tests go last: Playwright's sync API keeps an event loop running in
+    this thread for the rest of the session, which asyncio tests cannot share."""
+    browser_tests = [item for item in items if "tests/e2e/" in str(item.path)]
+    for item in browser_tests:
+        item.add_marker(pytest.mark.e2e)
+    items[:] = [item for item in items if item not in browser_tests] + browser_tests
+
+
+@pytest.fixture
+def roles(db: None) -> None:
+    ensure_roles()
+
+
+@pytest.fixture
+def alice(roles: None) -> User:
+    return make_user("alice", [USERS])
+
+
+@pytest.fixture
+def bob(roles: None) -> User:
+    return make_user("bob", [USERS])
+
+
+@pytest.fixture
+def staff(roles: None) -> User:
+    return make_user("charlie", [USERS, OPERATORS], is_staff=True)
+
+
+@pytest.fixture
+def billing_user(roles: None) -> User:
+    return make_user("dora", [USERS, BILLING])
+
+
+@pytest.fixture
+def alice_client(alice: User) -> Client:
+    client = Client()
+    client.force_login(alice)
+    return client
+
+
+@pytest.fixture(scope="session")
+def celery_worker(django_db_setup: None, django_db_blocker: object) -> Iterator[str]:
+    """A real Celery worker process on the Redis broker, using the test database."""
+    name = f"test-{RUN_ID}@127.0.0.1"
+    process = processes.start_celery_worker(name, ARTIFACTS / "logs" / "celery-worker.log")
+    yield name
+    processes.stop(process)
+
+
+@pytest.fixture(scope="session")
+def portal_server(django_db_setup: None, django_db_blocker: object) -> Iterator[str]:
+    """The portal under daphne, as the run command starts it; yields its base URL."""
+    port = processes.free_port()
+    process = processes.start_daphne(port, ARTIFACTS / "logs" / "daphne.log")
+    yield f"http://127.0.0.1:{port}"
+    processes.stop(process)
+
+
+# Browser tests: Debian's Chromium, driven by Playwright (its own download does not work here).
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+
+
+@pytest.fixture(scope="session")
+def browser_type_launch_args(browser_type_launch_args: dict[str, object]) -> dict[str, object]:
+    return {**browser_type_launch_args, "executable_path": CHROMIUM, "args": CHROMIUM_ARGS}
+
+
+@pytest.fixture(scope="session")
+def docker_engine() -> str:
+    """A Docker engine answering on the default socket (started by compose/bin/ensure-docker)."""
+    result = subprocess.run([str(ROOT / "compose/bin/ensure-docker")], capture_output=True, text=True, check=False)
+    if result.returncode != 0:
+        pytest.fail(f"no Docker engine: {result.stderr.strip()}")
+    subprocess.run([str(ROOT / "compose/bin/build-busybox-image")], check=True)
+    return os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")

@@ -1,0 +1,139 @@
+"""Start the portal's real processes (Celery worker, daphne) against the test database.
+
+The test database exists only inside the pytest run, so each helper process is
+told its name through DATABASE_URL; tests that share rows with these
+processes must commit them (``transactional_db``).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+
+from django.conf import settings
+from django.db import connection
+
+ROOT = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent
+
+
+def test_database_url() -> str:
+    """DATABASE_URL naming the database pytest-django created for this run."""
+    db = connection.settings_dict
+    if db["ENGINE"].endswith("sqlite3"):
+        return f"sqlite:///{db['NAME']}"
+    user = db.get("USER") or ""
+    password = f":{db['PASSWORD']}" if db.get("PASSWORD") else ""
+    auth = f"{user}{password}@" if user else ""
+    return f"postgres://{auth}{db.get('HOST') or '127.0.0.1'}:{db.get('PORT') or 5432}/{db['NAME']}"
+
+
+def child_env(**extra: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(
+        DATABASE_URL=test_database_url(),
+        REDIS_URL=settings.REDIS_URL,
+        PORTAL_CELERY_QUEUE=settings.CELERY_TASK_DEFAULT_QUEUE,
+        PORTAL_CACHE_PREFIX=str(settings.CACHES["default"]["KEY_PREFIX"]),
+        PORTAL_CHANNEL_PREFIX=str(settings.CHANNEL_LAYERS["default"]["CONFIG"]["prefix"]),  # type: ignore[index]
+        PORTAL_DATA_DIR=str(settings.DATA_DIR),
+        PORTAL_SECURE_COOKIES=os.environ.get("PORTAL_SECURE_COOKIES", "true"),
+    )
+    env.update(extra)
+    return env
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def wait_until(check: Callable[[], bool], timeout: float, what: str, process: subprocess.Popen[bytes]) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"{what} exited with code {process.returncode} before it was ready")
+        if check():
+            return
+        time.sleep(0.1)
+    raise TimeoutError(f"{what} was not ready within {timeout} s")
+
+
+def stop(process: subprocess.Popen[bytes]) -> None:
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def start_daphne(port: int, log_path: Path) -> subprocess.Popen[bytes]:
+    log = log_path.open("ab")
+    process = subprocess.Popen(
+        [str(BIN / "daphne"), "--bind", "127.0.0.1", "--port", str(port), "portal.asgi:application"],
+        cwd=ROOT,
+        env=child_env(),
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+
+    def answers() -> bool:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=1) as response:
+                return bool(response.status == 200)
+        except OSError:
+            return False
+
+    try:
+        wait_until(answers, 30, "daphne", process)
+    except Exception:
+        stop(process)
+        raise
+    return process
+
+
+def start_celery_worker(name: str, log_path: Path) -> subprocess.Popen[bytes]:
+    from portal.celery import app
+
+    log = log_path.open("ab")
+    process = subprocess.Popen(
+        [
+            str(BIN / "celery"),
+            "--app",
+            "portal",
+            "worker",
+            "--pool",
+            "solo",
+            "--queues",
+            settings.CELERY_TASK_DEFAULT_QUEUE,
+            "--hostname",
+            name,
+            "--without-gossip",
+            "--without-mingle",
+            "--loglevel",
+            "INFO",
+        ],
+        cwd=ROOT,
+        env=child_env(),
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+
+    def answers() -> bool:
+        return bool(app.control.ping(destination=[name], timeout=0.5))
+
+    try:
+        wait_until(answers, 60, "celery worker", process)
+    except Exception:
+        stop(process)
+        raise
+    return process
