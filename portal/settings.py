@@ -250,11 +250,15 @@ CSRF_COOKIE_SECURE = SECURE_COOKIES
 if env.flag("PORTAL_BEHIND_TLS_PROXY", False):
     SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
 
+LOG_LEVELS = ["DEBUG", "INFO", "WARNING", "ERROR"]
+LOG_LEVEL = env.choice(
+    "PORTAL_LOG_LEVEL", "INFO", {word: word.upper() for level in LOG_LEVELS for word in (level, level.lower())}
+)
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
-    "root": {"handlers": ["console"], "level": env.text("PORTAL_LOG_LEVEL", "INFO").upper()},
+    "root": {"handlers": ["console"], "level": LOG_LEVEL},
     "loggers": {"django.request": {"level": "WARNING"}},
 }

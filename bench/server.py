@@ -1,0 +1,111 @@
+"""A throw-away portal for benchmarks: its own data directory and database, daphne on 127.0.0.1."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import time
+import urllib.parse
+import urllib.request
+from http.cookiejar import CookieJar
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+BENCH_DB = "portal_bench"
+
+
+def bench_database_url(data_dir: Path) -> str:
+    """A separate PostgreSQL database next to DATABASE_URL's, or SQLite in data_dir."""
+    given = os.environ.get("DATABASE_URL", "")
+    if not given.startswith(("postgres://", "postgresql://")):
+        return f"sqlite:///{data_dir / 'bench.sqlite3'}"
+    import psycopg
+
+    with psycopg.connect(given, autocommit=True) as connection:
+        connection.execute(f"DROP DATABASE IF EXISTS {BENCH_DB}")
+        connection.execute(f"CREATE DATABASE {BENCH_DB}")
+    return urllib.parse.urlunsplit(urllib.parse.urlsplit(given)._replace(path=f"/{BENCH_DB}"))
+
+
+class BenchPortal:
+    def __init__(self, data_dir: Path, port: int) -> None:
+        self.port = port
+        self.base = f"http://127.0.0.1:{port}"
+        self.env = dict(os.environ)
+        self.env.update(
+            PORTAL_DATA_DIR=str(data_dir),
+            DATABASE_URL=bench_database_url(data_dir),
+            PORTAL_CELERY_QUEUE="bench",
+            PORTAL_CACHE_PREFIX="bench",
+            PORTAL_CHANNEL_PREFIX="bench",
+            PORTAL_LOG_LEVEL="WARNING",
+            # Python's cookie jar keeps TLS-only cookies off plain HTTP, unlike a browser on 127.0.0.1.
+            PORTAL_SECURE_COOKIES="false",
+        )
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def manage(self, *args: str) -> str:
+        result = subprocess.run(
+            [str(BIN / "python"), "manage.py", *args],
+            cwd=ROOT,
+            env=self.env,
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        return result.stdout
+
+    def prepare(self, username: str, password: str) -> None:
+        self.manage("migrate", "--no-input", "--verbosity", "0")
+        self.manage("collectstatic", "--no-input", "--verbosity", "0")
+        code = (
+            "from django.contrib.auth.models import User; "
+            f"User.objects.create_user({username!r}, password={password!r}, is_staff=True)"
+        )
+        self.manage("shell", "-c", code)
+
+    def start(self) -> int:
+        self.process = subprocess.Popen(
+            [str(BIN / "daphne"), "--bind", "127.0.0.1", "--port", str(self.port), "portal.asgi:application"],
+            cwd=ROOT,
+            env=self.env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(self.base + "/healthz", timeout=1):
+                    return self.process.pid
+            except OSError:
+                time.sleep(0.1)
+        raise RuntimeError("daphne did not answer within 30 s")
+
+    def login_cookie(self, username: str, password: str) -> str:
+        """Log in through the real form (CSRF and all) and return the Cookie header."""
+        jar = CookieJar()
+        opener = urllib.request.build_opener(urllib.request.HTTPCookieProcessor(jar))
+        page = opener.open(self.base + "/accounts/login/").read().decode()
+        match = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', page)
+        assert match, "no CSRF token on the login page"
+        form = urllib.parse.urlencode({"username": username, "password": password, "csrfmiddlewaretoken": match[1]})
+        request = urllib.request.Request(
+            self.base + "/accounts/login/", data=form.encode(), headers={"Referer": self.base}
+        )
+        opener.open(request).read()
+        cookies = {cookie.name: cookie.value for cookie in jar}
+        assert "sessionid" in cookies, "login failed"
+        return "; ".join(f"{name}={value}" for name, value in cookies.items())
+
+    def cpu_seconds(self) -> float:
+        assert self.process is not None
+        fields = Path(f"/proc/{self.process.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    def stop(self) -> None:
+        if self.process and self.process.poll() is None:
+            self.process.terminate()
+            self.process.wait(timeout=15)
