@@ -4,8 +4,10 @@ The beat schedule lives here and only here (issues add entries to it).
 """
 
 import os
+from typing import Any
 
 from celery import Celery
+from celery.signals import worker_ready
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "portal.settings")
 
@@ -16,3 +18,11 @@ app.autodiscover_tasks()
 app.conf.beat_schedule = {
     "portal-heartbeat": {"task": "portal.tasks.record_heartbeat", "schedule": 60.0},
 }
+
+
+@worker_ready.connect
+def announce_worker(**kwargs: Any) -> None:
+    """Report in at start, so staff need not wait for beat's first minute."""
+    from portal.tasks import record_heartbeat
+
+    record_heartbeat.delay()

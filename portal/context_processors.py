@@ -13,7 +13,7 @@ from portal.roles import can_view_finance, is_operator
 def portal(request: HttpRequest) -> dict[str, Any]:
     user = request.user
     return {
-        "site_name": settings.SITE_NAME,
+        "portal_name": settings.SITE_NAME,
         "signup_enabled": settings.SIGNUP_ENABLED,
         "user_is_operator": is_operator(user),
         "user_can_view_finance": can_view_finance(user),

@@ -7,6 +7,9 @@ from django.urls import include, path
 
 from portal import views
 
+admin.site.site_header = f"{settings.SITE_NAME} administration"
+admin.site.site_title = settings.SITE_NAME
+
 urlpatterns = [
     path("", views.dashboard, name="dashboard"),
     path("healthz", views.healthz, name="healthz"),

@@ -30,6 +30,7 @@ def test_the_login_page_labels_its_fields(client: Client) -> None:
     assert '<label for="id_username">' in page
     assert '<label for="id_password">' in page
     assert "<h1>Log in</h1>" in page
+    assert '<a class="brand" href="/">GPU Portal</a>' in page
 
 
 def test_it_logs_in_with_the_right_password(client: Client, alice: User) -> None:
