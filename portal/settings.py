@@ -8,6 +8,7 @@ default. A bad value stops start-up with a message that names the variable.
 from __future__ import annotations
 
 import secrets
+import socket
 import zoneinfo
 from pathlib import Path
 
@@ -249,6 +250,30 @@ SESSION_COOKIE_SECURE = SECURE_COOKIES
 CSRF_COOKIE_SECURE = SECURE_COOKIES
 if env.flag("PORTAL_BEHIND_TLS_PROXY", False):
     SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+
+# GPUs: which backend discovers and slices them, and the simulated fleet used
+# where no NVIDIA driver answers.
+GPU_BACKEND = env.choice("PORTAL_GPU_BACKEND", "auto", {name: name for name in ("auto", "nvml", "simulated")})
+GPU_HOST_NAME = env.text("PORTAL_GPU_HOST_NAME", socket.gethostname())
+SIMULATED_FLEET = env.text("PORTAL_SIMULATED_FLEET", "sim-1: 2xH200:mig, 1xA100-80GB:whole, 1xA30:shared=4")
+MAX_SLICES_PER_USER = env.integer("PORTAL_MAX_SLICES_PER_USER", 4, minimum=0)
+# GPU containers: host resources per slice, process limit, network.
+CPUS_PER_COMPUTE_SLICE = env.integer("PORTAL_CPUS_PER_COMPUTE_SLICE", 2, minimum=1)
+HOST_MEMORY_PER_GPU_GIB = env.integer("PORTAL_HOST_MEMORY_PER_GPU_GIB", 1, minimum=1)
+CONTAINER_PIDS_LIMIT = env.integer("PORTAL_CONTAINER_PIDS_LIMIT", 1024, minimum=16)
+CONTAINER_NETWORK = env.text("PORTAL_CONTAINER_NETWORK", "bridge")
+
+
+def _check_fleet() -> None:
+    from sessions.gpus.backends.simulated import FleetSpecError, parse_fleet
+
+    try:
+        parse_fleet(SIMULATED_FLEET)
+    except FleetSpecError as error:
+        raise ImproperlyConfigured(f"PORTAL_SIMULATED_FLEET: {error}") from None
+
+
+_check_fleet()
 
 LOG_LEVELS = ["DEBUG", "INFO", "WARNING", "ERROR"]
 LOG_LEVEL = env.choice(

@@ -1,1 +1,5 @@
-"""Models of the sessions app: GPUs, slices, notebook sessions, render jobs (filled by later issues)."""
+"""Models of the sessions app, defined by capability in sub-packages."""
+
+from sessions.gpus.models import Gpu, GpuHost, GpuInstance, SimulatedGpuInstance, Slice, SliceQuota
+
+__all__ = ["Gpu", "GpuHost", "GpuInstance", "SimulatedGpuInstance", "Slice", "SliceQuota"]

@@ -1,0 +1,1 @@
+"""GPUs and their slices: the MIG catalog, placement rules, GPU backends and the allocator."""

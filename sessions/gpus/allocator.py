@@ -1,0 +1,257 @@
+"""Handing out slices of GPUs and taking them back: ``allocate`` and ``release``.
+
+Safe under concurrency: a request locks its owner's row (for the per-user
+limit) and the GPU it places on, re-checks that GPU's layout under the lock,
+and writes the slice, the instance and the GPU's bookkeeping in one
+transaction. Partial unique constraints back this up in the database.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from django.conf import settings
+from django.contrib.auth.models import User
+from django.db import transaction
+from django.db.models import F, QuerySet
+from django.utils import timezone
+
+from sessions.gpus import catalog, placement
+from sessions.gpus.backends import backend_for_host
+from sessions.gpus.catalog import GpuModel, Profile
+from sessions.gpus.models import Gpu, GpuInstance, Slice, SliceQuota
+from sessions.gpus.placement import Layout
+
+log = logging.getLogger(__name__)
+Rule = Callable[[GpuModel, Sequence[tuple[Gpu, Layout]], Profile], tuple[Gpu, int] | None]
+BATCH = 64
+
+
+@dataclass(frozen=True)
+class SliceRequest:
+    """What someone asks for: a MIG profile, a whole GPU or a time-sliced share, optionally on a model or host."""
+
+    kind: str
+    profile: str = ""
+    model: str = ""
+    host: str = ""
+
+
+class AllocationRefused(Exception):
+    """No slice was given; ``reason`` says why in words a user can act on."""
+
+    def __init__(self, reason: str, code: str = "no_capacity", free: dict[str, int] | None = None) -> None:
+        super().__init__(reason)
+        self.reason, self.code, self.free = reason, code, free or {}
+
+
+class ReleaseRefused(Exception):
+    pass
+
+
+def slice_limit(user: User) -> int:
+    quota = SliceQuota.objects.filter(user=user).first()
+    return quota.max_slices if quota else int(settings.MAX_SLICES_PER_USER)
+
+
+def allocate(owner: User, request: SliceRequest, holder: str = "", rule: Rule = placement.choose) -> Slice:
+    with transaction.atomic():
+        User.objects.select_for_update().filter(pk=owner.pk).first()
+        limit = slice_limit(owner)
+        if Slice.objects.filter(owner=owner, released_at__isnull=True).count() >= limit:
+            raise AllocationRefused(f"You already hold {limit} slice(s), your limit; stop one first.", code="quota")
+        if request.kind == Slice.Kind.MIG:
+            return _allocate_mig(owner, request, holder, rule)
+        if request.kind in (Slice.Kind.WHOLE, Slice.Kind.SHARED):
+            return _allocate_gpu(owner, request, holder)
+        raise AllocationRefused(f"Unknown kind of slice {request.kind!r}.", code="bad_request")
+
+
+def _gpus(request: SliceRequest, sharing: str) -> QuerySet[Gpu]:
+    gpus = Gpu.objects.filter(sharing=sharing, state=Gpu.State.OK).select_related("host")
+    if request.model:
+        gpus = gpus.filter(model_name=request.model)
+    if request.host:
+        gpus = gpus.filter(host__name=request.host)
+    return gpus
+
+
+def _models_with(request: SliceRequest) -> list[GpuModel]:
+    names = sorted(set(_gpus(request, Gpu.Sharing.MIG).values_list("model_name", flat=True)))
+    models = [catalog.model(name) for name in names]
+    found = [model for model in models if any(p.name == request.profile for p in model.profiles)]
+    if not found:
+        where = f" on {request.model}" if request.model else " in the fleet"
+        raise AllocationRefused(f"No MIG GPU{where} has the profile {request.profile!r}.", code="unknown_profile")
+    return found
+
+
+def _allocate_mig(owner: User, request: SliceRequest, holder: str, rule: Rule) -> Slice:
+    for model in _models_with(request):
+        profile = model.profile(request.profile)
+        taken = _take_layout_instance(owner, request, model, profile, holder)
+        if taken:
+            return taken
+        made = _place_dynamic(owner, request, model, profile, holder, rule)
+        if made:
+            return made
+    free = free_capacity(request.model or None)
+    raise AllocationRefused(_no_capacity_message(request.profile, free), free=free)
+
+
+def _take_layout_instance(
+    owner: User, request: SliceRequest, model: GpuModel, profile: Profile, holder: str
+) -> Slice | None:
+    gpus = _gpus(request, Gpu.Sharing.MIG).filter(mig_policy=Gpu.Policy.STATIC, model_name=model.name)
+    instance = _free_layout_instance(gpus, profile)
+    if instance is None:
+        return None
+    gpu = Gpu.objects.select_for_update().get(pk=instance.gpu_id)
+    gpu.active_slices += 1
+    gpu.save(update_fields=["active_slices"])
+    return _record(owner, gpu, instance, profile, holder)
+
+
+def _free_layout_instance(gpus: QuerySet[Gpu], profile: Profile) -> GpuInstance | None:
+    busy = Slice.objects.filter(released_at__isnull=True, instance__isnull=False).values("instance_id")
+    candidates = GpuInstance.objects.filter(gpu__in=gpus, profile=profile.name).exclude(pk__in=busy)
+    return candidates.select_for_update(skip_locked=True).order_by("gpu_id", "start").first()
+
+
+def _place_dynamic(
+    owner: User, request: SliceRequest, model: GpuModel, profile: Profile, holder: str, rule: Rule
+) -> Slice | None:
+    room = model.compute_slices - profile.compute_slices
+    gpus = _gpus(request, Gpu.Sharing.MIG).filter(
+        mig_policy=Gpu.Policy.DYNAMIC, model_name=model.name, compute_used__lte=room
+    )
+    offset = 0
+    while True:
+        batch = list(gpus.order_by("-compute_used", "id")[offset : offset + BATCH])
+        if not batch:
+            return None
+        choice = rule(model, [(gpu, gpu.layout()) for gpu in batch], profile)
+        if choice is not None:
+            placed = _place_on(owner, choice[0].pk, model, profile, holder)
+            if placed:
+                return placed
+            continue  # the GPU filled up under us: look again from the same offset
+        offset += BATCH
+
+
+def _place_on(owner: User, gpu_id: int, model: GpuModel, profile: Profile, holder: str) -> Slice | None:
+    gpu = Gpu.objects.select_for_update().select_related("host").get(pk=gpu_id)
+    layout = gpu.layout()
+    best = placement.best_start(model, layout, profile)
+    if best is None:
+        return None
+    start = best[0]
+    made = backend_for_host(gpu.host.backend).create_instance(gpu.uuid, profile, start)
+    instance = GpuInstance.objects.create(
+        gpu=gpu,
+        profile=profile.name,
+        start=start,
+        size=made.size,
+        gi_id=made.gi_id,
+        ci_id=made.ci_id,
+        device_uuid=made.device_uuid,
+        origin=GpuInstance.Origin.DYNAMIC,
+    )
+    gpu.set_layout(layout.with_instance(profile, start))
+    gpu.active_slices += 1
+    gpu.save(update_fields=["memory_mask", "compute_used", "profile_counts", "active_slices"])
+    return _record(owner, gpu, instance, profile, holder)
+
+
+def _record(owner: User, gpu: Gpu, instance: GpuInstance, profile: Profile, holder: str) -> Slice:
+    return Slice.objects.create(
+        gpu=gpu,
+        instance=instance,
+        kind=Slice.Kind.MIG,
+        profile=profile.name,
+        placement_start=instance.start,
+        placement_size=instance.size,
+        compute_slices=profile.compute_slices,
+        memory_gib=profile.memory_gib,
+        device_uuid=instance.device_uuid,
+        owner=owner,
+        holder=holder,
+        allocated_at=timezone.now(),
+    )
+
+
+def _allocate_gpu(owner: User, request: SliceRequest, holder: str) -> Slice:
+    gpus = _gpus(request, request.kind).select_for_update(skip_locked=True, of=("self",))
+    if request.kind == Slice.Kind.WHOLE:
+        gpu = gpus.filter(active_slices=0).order_by("index", "id").first()
+    else:
+        gpu = gpus.filter(active_slices__lt=F("share_limit")).order_by("active_slices", "id").first()
+    if gpu is None:
+        label = "whole GPU" if request.kind == Slice.Kind.WHOLE else "time-sliced share"
+        where = f" of {request.model}" if request.model else ""
+        raise AllocationRefused(f"No {label}{where} is free now; try again later or pick a MIG slice.")
+    gpu.active_slices += 1
+    gpu.save(update_fields=["active_slices"])
+    return Slice.objects.create(
+        gpu=gpu,
+        kind=request.kind,
+        compute_slices=gpu.catalog_model.compute_slices or 1,
+        memory_gib=gpu.memory_gib,
+        device_uuid=gpu.uuid,
+        owner=owner,
+        holder=holder,
+        allocated_at=timezone.now(),
+    )
+
+
+def release(slice_id: int, by: User | None = None, reason: str = "released") -> Slice:
+    """Give a slice back. ``by`` is checked: only the owner or staff may release it."""
+    with transaction.atomic():
+        taken = Slice.objects.select_for_update().filter(pk=slice_id).first()
+        if taken is None or (by is not None and taken.owner_id != by.pk and not by.is_staff):
+            raise ReleaseRefused("No such slice among yours.")
+        if taken.released_at is not None:
+            raise ReleaseRefused("This slice was already released.")
+        gpu = Gpu.objects.select_for_update().select_related("host").get(pk=taken.gpu_id)
+        instance = taken.instance
+        taken.released_at, taken.release_reason = timezone.now(), reason[:100]
+        taken.save(update_fields=["released_at", "release_reason"])
+        if instance is not None and instance.origin == GpuInstance.Origin.DYNAMIC:
+            backend_for_host(gpu.host.backend).destroy_instance(gpu.uuid, instance.gi_id)
+            gpu.set_layout(gpu.layout().without_instance(gpu.catalog_model.profile(instance.profile), instance.start))
+            instance.delete()
+        gpu.active_slices -= 1
+        gpu.save(update_fields=["memory_mask", "compute_used", "profile_counts", "active_slices"])
+        return taken
+
+
+def free_capacity(model_name: str | None = None) -> dict[str, int]:
+    """How many more of each 'model profile' fit right now, summed over GPUs (each counted alone)."""
+    free: dict[str, int] = {}
+    gpus = Gpu.objects.filter(sharing=Gpu.Sharing.MIG, state=Gpu.State.OK)
+    if model_name:
+        gpus = gpus.filter(model_name=model_name)
+    for gpu in gpus:
+        for profile, count in gpu_capacity(gpu).items():
+            key = f"{gpu.model_name} {profile}"
+            free[key] = free.get(key, 0) + count
+    return free
+
+
+def gpu_capacity(gpu: Gpu) -> dict[str, int]:
+    model = gpu.catalog_model
+    if gpu.mig_policy == Gpu.Policy.DYNAMIC:
+        return placement.capacity(model, gpu.layout())
+    busy = Slice.objects.filter(released_at__isnull=True).values("instance_id")
+    counts = {profile.name: 0 for profile in model.profiles}
+    for name in gpu.instances.exclude(pk__in=busy).values_list("profile", flat=True):
+        counts[name] += 1
+    return counts
+
+
+def _no_capacity_message(profile: str, free: dict[str, int]) -> str:
+    available = [f"{name} ×{count}" for name, count in sorted(free.items()) if count]
+    tail = "Free right now: " + ", ".join(available) + "." if available else "Nothing is free right now."
+    return f"No {profile} slice is free now. {tail}"

@@ -1,0 +1,66 @@
+"""The interface every GPU backend implements, and the values it speaks in."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from sessions.gpus.catalog import Profile
+
+
+class BackendError(RuntimeError):
+    """A GPU operation the host refused or does not support; ``code`` names the kind."""
+
+    def __init__(self, message: str, code: str = "error") -> None:
+        super().__init__(message)
+        self.code = code
+
+
+@dataclass(frozen=True)
+class FoundInstance:
+    profile: str
+    start: int
+    size: int
+    gi_id: int
+    ci_id: int
+    device_uuid: str
+
+
+@dataclass
+class FoundGpu:
+    index: int
+    uuid: str
+    product_name: str
+    model_name: str
+    memory_mib: int
+    mig_capable: bool
+    mig_enabled: bool
+    mig_pending: bool
+    sharing: str = ""
+    share_limit: int = 4
+    instances: list[FoundInstance] = field(default_factory=list)
+    problem: str = ""
+
+
+@dataclass
+class FoundHost:
+    name: str
+    backend: str
+    driver_version: str
+    gpus: list[FoundGpu]
+
+
+class GpuBackend(Protocol):
+    name: str
+
+    def discover(self) -> list[FoundHost]:
+        """Every host this backend speaks for, each GPU with its MIG mode and MIG instances."""
+
+    def possible_starts(self, gpu_uuid: str, profile: Profile) -> list[int]:
+        """Where the device says an instance of ``profile`` could be created now."""
+
+    def create_instance(self, gpu_uuid: str, profile: Profile, start: int) -> FoundInstance:
+        """Create a GPU instance (and its compute instance) at ``start``."""
+
+    def destroy_instance(self, gpu_uuid: str, gi_id: int) -> None:
+        """Destroy a GPU instance and its compute instances."""

@@ -1,0 +1,191 @@
+"""The simulated GPU backend: a fleet described by a setting, obeying the catalog's rules.
+
+Used where no NVIDIA driver answers. Its 'driver state' (the MIG instances
+that exist) lives in the database, so every process sees the same devices.
+UUIDs are derived from host, index and placement, so they are reproducible.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from dataclasses import dataclass
+
+from sessions.gpus import catalog
+from sessions.gpus.backends.base import BackendError, FoundGpu, FoundHost, FoundInstance
+from sessions.gpus.catalog import Profile
+from sessions.gpus.placement import Layout, free_starts, why_not
+
+NAMESPACE = uuid.UUID("5d0f3c1e-8d1a-4c52-9f0e-6a7b9c2d4e10")
+ALIASES = {
+    "H200": "H200-SXM5-141GB",
+    "H100": "H100-SXM5-80GB",
+    "A100-80GB": "A100-SXM4-80GB",
+    "A100-40GB": "A100-SXM4-40GB",
+    "A100": "A100-SXM4-80GB",
+    "A30": "A30-24GB",
+    "L4": "L4-24GB",
+    "L40S": "L40S-48GB",
+    "T4": "T4-16GB",
+}
+DEFAULT_FLEET = "sim-1: 2xH200:mig, 1xA100-80GB:whole, 1xA30:shared=4"
+HOST = re.compile(r"^(?P<host>[A-Za-z][\w.-]*)\s*:\s*(?P<items>\d.*)$")
+ITEM = re.compile(r"^(?P<count>\d+)\s*x\s*(?P<model>[\w.-]+):(?P<mode>mig|whole|shared)(?:=(?P<limit>\d+))?$")
+
+
+class FleetSpecError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class SimulatedGpuSpec:
+    host: str
+    index: int
+    model: catalog.GpuModel
+    sharing: str
+    share_limit: int
+
+    @property
+    def uuid(self) -> str:
+        return f"GPU-{uuid.uuid5(NAMESPACE, f'{self.host}/{self.index}/{self.model.name}')}"
+
+
+def parse_fleet(spec: str, default_host: str = "sim-1") -> list[SimulatedGpuSpec]:
+    """Parse e.g. 'sim-1: 2xH200:mig, 1xA30:shared=4; sim-2: 4xL4:whole'.
+
+    Raises FleetSpecError naming the part that is wrong.
+    """
+    gpus: list[SimulatedGpuSpec] = []
+    for host_part in filter(None, (part.strip() for part in spec.split(";"))):
+        named = HOST.match(host_part)
+        host, items = (named["host"], named["items"]) if named else (default_host, host_part)
+        index = sum(1 for gpu in gpus if gpu.host == host)
+        for item in filter(None, (piece.strip() for piece in items.split(","))):
+            for gpu in _parse_item(host, item, index):
+                gpus.append(gpu)
+                index += 1
+    if not gpus:
+        raise FleetSpecError("the simulated fleet is empty")
+    return gpus
+
+
+def _parse_item(host: str, item: str, first_index: int) -> list[SimulatedGpuSpec]:
+    match = ITEM.match(item.replace(" ", ""))
+    if not match:
+        raise FleetSpecError(f"{item!r} is not COUNTxMODEL:MODE (MODE: mig, whole or shared=N)")
+    count = int(match["count"])
+    if not 1 <= count <= 4096:
+        raise FleetSpecError(f"{item!r}: the count must be between 1 and 4096")
+    try:
+        model = catalog.model(ALIASES.get(match["model"], match["model"]))
+    except catalog.UnknownModel as error:
+        raise FleetSpecError(f"{item!r}: {str(error).rstrip('.')}") from None
+    if match["mode"] == "mig" and not model.mig_capable:
+        raise FleetSpecError(f"{item!r}: {model.name} has no MIG")
+    if match["limit"] and match["mode"] != "shared":
+        raise FleetSpecError(f"{item!r}: only shared GPUs take a session limit (shared=N)")
+    limit = int(match["limit"] or 4)
+    if match["mode"] == "shared" and not 2 <= limit <= 64:
+        raise FleetSpecError(f"{item!r}: a shared GPU takes 2 to 64 sessions")
+    return [SimulatedGpuSpec(host, first_index + n, model, match["mode"], limit) for n in range(count)]
+
+
+class SimulatedBackend:
+    name = "simulated"
+
+    def __init__(self, spec: str) -> None:
+        self.gpus = {gpu.uuid: gpu for gpu in parse_fleet(spec)}
+
+    def discover(self) -> list[FoundHost]:
+        from sessions.gpus.models import SimulatedGpuInstance
+
+        existing: dict[str, list[FoundInstance]] = {}
+        for row in SimulatedGpuInstance.objects.filter(gpu_uuid__in=self.gpus).order_by("start"):
+            existing.setdefault(row.gpu_uuid, []).append(_found(row))
+        by_uuid = {u: self._found_gpu(spec, existing.get(u, [])) for u, spec in self.gpus.items()}
+        names = sorted({gpu.host for gpu in self.gpus.values()})
+        return [
+            FoundHost(
+                name=name,
+                backend=self.name,
+                driver_version="simulated",
+                gpus=[by_uuid[u] for u, spec in self.gpus.items() if spec.host == name],
+            )
+            for name in names
+        ]
+
+    def _found_gpu(self, gpu: SimulatedGpuSpec, instances: list[FoundInstance]) -> FoundGpu:
+        return FoundGpu(
+            index=gpu.index,
+            uuid=gpu.uuid,
+            product_name=f"NVIDIA {gpu.model.name} (simulated)",
+            model_name=gpu.model.name,
+            memory_mib=int(gpu.model.memory_gib * 1024),
+            mig_capable=gpu.model.mig_capable,
+            mig_enabled=gpu.sharing == "mig",
+            mig_pending=gpu.sharing == "mig",
+            sharing=gpu.sharing,
+            share_limit=gpu.share_limit,
+            instances=instances,
+        )
+
+    def _spec(self, gpu_uuid: str) -> SimulatedGpuSpec:
+        try:
+            return self.gpus[gpu_uuid]
+        except KeyError:
+            raise BackendError(f"no simulated GPU {gpu_uuid}", code="not_found") from None
+
+    def _layout(self, gpu_uuid: str) -> Layout:
+        from sessions.gpus.models import SimulatedGpuInstance
+
+        spec = self._spec(gpu_uuid)
+        layout = Layout()
+        for row in SimulatedGpuInstance.objects.filter(gpu_uuid=gpu_uuid):
+            layout = layout.with_instance(spec.model.profile(row.profile), row.start)
+        return layout
+
+    def possible_starts(self, gpu_uuid: str, profile: Profile) -> list[int]:
+        spec = self._spec(gpu_uuid)
+        if spec.sharing != "mig":
+            return []
+        return free_starts(spec.model, self._layout(gpu_uuid), profile)
+
+    def create_instance(self, gpu_uuid: str, profile: Profile, start: int) -> FoundInstance:
+        from sessions.gpus.models import SimulatedGpuInstance
+
+        spec = self._spec(gpu_uuid)
+        if spec.sharing != "mig":
+            raise BackendError(f"MIG mode is off on {gpu_uuid}", code="not_supported")
+        problem = why_not(spec.model, self._layout(gpu_uuid), profile, start)
+        if problem:
+            raise BackendError(problem, code="insufficient_resources")
+        used = set(SimulatedGpuInstance.objects.filter(gpu_uuid=gpu_uuid).values_list("gi_id", flat=True))
+        gi_id = min(set(range(1, 15)) - used)
+        device_uuid = f"MIG-{uuid.uuid5(NAMESPACE, f'{gpu_uuid}/{profile.name}/{start}')}"
+        row = SimulatedGpuInstance.objects.create(
+            gpu_uuid=gpu_uuid,
+            gi_id=gi_id,
+            profile=profile.name,
+            start=start,
+            size=profile.placement_size,
+            device_uuid=device_uuid,
+        )
+        return _found(row)
+
+    def destroy_instance(self, gpu_uuid: str, gi_id: int) -> None:
+        from sessions.gpus.models import SimulatedGpuInstance
+
+        deleted, _ = SimulatedGpuInstance.objects.filter(gpu_uuid=gpu_uuid, gi_id=gi_id).delete()
+        if not deleted:
+            raise BackendError(f"no GPU instance {gi_id} on {gpu_uuid}", code="not_found")
+
+
+def _found(row: object) -> FoundInstance:
+    return FoundInstance(
+        profile=row.profile,  # type: ignore[attr-defined]
+        start=row.start,  # type: ignore[attr-defined]
+        size=row.size,  # type: ignore[attr-defined]
+        gi_id=row.gi_id,  # type: ignore[attr-defined]
+        ci_id=0,
+        device_uuid=row.device_uuid,  # type: ignore[attr-defined]
+    )

@@ -1,0 +1,198 @@
+"""Keeping the recorded fleet in step with what the backends find, and operator changes to it.
+
+Only these functions (and the allocator) write GPUs and their instances.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from django.db import transaction
+from django.db.models import Count, Q
+from django.utils import timezone
+
+from sessions.gpus import placement
+from sessions.gpus.backends import backend_for_host, get_backend
+from sessions.gpus.backends.base import FoundGpu, FoundHost, GpuBackend
+from sessions.gpus.catalog import UnknownModel
+from sessions.gpus.models import Gpu, GpuHost, GpuInstance
+
+log = logging.getLogger(__name__)
+
+
+class FleetChangeRefused(ValueError):
+    """An operator change that would break a rule; the message says which."""
+
+
+def sync_fleet(backend: GpuBackend | None = None) -> list[GpuHost]:
+    """Record every host, GPU and MIG instance the backend finds; mark GPUs it no longer finds."""
+    backend = backend or get_backend()
+    hosts = []
+    for found in backend.discover():
+        with transaction.atomic():
+            hosts.append(_sync_host(found))
+    return hosts
+
+
+def _sync_host(found: FoundHost) -> GpuHost:
+    host, _ = GpuHost.objects.update_or_create(
+        name=found.name,
+        defaults={"backend": found.backend, "driver_version": found.driver_version, "last_seen": timezone.now()},
+    )
+    seen = []
+    for found_gpu in found.gpus:
+        gpu = _sync_gpu(host, found_gpu)
+        seen.append(gpu.pk)
+    host.gpus.exclude(pk__in=seen).update(state=Gpu.State.MISSING, state_detail="Not found at the last discovery.")
+    return host
+
+
+def _sync_gpu(host: GpuHost, found: FoundGpu) -> Gpu:
+    gpu, _ = Gpu.objects.select_for_update().get_or_create(
+        uuid=found.uuid,
+        defaults={
+            "host": host,
+            "index": found.index,
+            "model_name": found.model_name,
+            "memory_mib": found.memory_mib,
+            "sharing": found.sharing or (Gpu.Sharing.MIG if found.mig_enabled else Gpu.Sharing.WHOLE),
+            "share_limit": found.share_limit,
+        },
+    )
+    gpu.host, gpu.index, gpu.product_name = host, found.index, found.product_name
+    gpu.model_name, gpu.memory_mib = found.model_name, found.memory_mib
+    gpu.mig_capable, gpu.mig_enabled, gpu.mig_pending = found.mig_capable, found.mig_enabled, found.mig_pending
+    gpu.state, gpu.state_detail = _state_of(gpu, found)
+    _sync_instances(gpu, found)
+    gpu.save()
+    return gpu
+
+
+def _state_of(gpu: Gpu, found: FoundGpu) -> tuple[str, str]:
+    if found.problem:
+        return Gpu.State.ERROR, found.problem
+    if gpu.sharing == Gpu.Sharing.MIG and not found.mig_enabled:
+        return Gpu.State.ERROR, "Set to MIG slices, but MIG mode is off on the device; the portal never switches it."
+    try:
+        gpu.catalog_model  # noqa: B018 - raises for a model the catalog lacks
+    except UnknownModel as error:
+        return Gpu.State.ERROR, str(error)
+    return Gpu.State.OK, ""
+
+
+def _sync_instances(gpu: Gpu, found: FoundGpu) -> None:
+    on_device = {instance.device_uuid: instance for instance in found.instances}
+    for recorded in gpu.instances.all():
+        if recorded.device_uuid not in on_device:
+            log.warning("MIG instance %s vanished from %s", recorded.device_uuid, gpu)
+            recorded.delete()
+    known = set(gpu.instances.values_list("device_uuid", flat=True))
+    for device_uuid, instance in on_device.items():
+        if device_uuid not in known:
+            GpuInstance.objects.create(
+                gpu=gpu,
+                profile=instance.profile,
+                start=instance.start,
+                size=instance.size,
+                gi_id=instance.gi_id,
+                ci_id=instance.ci_id,
+                device_uuid=device_uuid,
+                origin=GpuInstance.Origin.LAYOUT,
+            )
+    recount(gpu)
+
+
+def recount(gpu: Gpu) -> None:
+    """Rebuild the GPU's bookkeeping from its instances and active slices (caller saves)."""
+    layout = placement.Layout()
+    if gpu.mig_capable and gpu.state != Gpu.State.ERROR:
+        model = gpu.catalog_model
+        for instance in gpu.instances.all():
+            layout = layout.with_instance(model.profile(instance.profile), instance.start)
+    gpu.set_layout(layout)
+    gpu.active_slices = gpu.slices.filter(released_at__isnull=True).count()
+
+
+def _lock_idle(gpu_id: int) -> Gpu:
+    gpu = Gpu.objects.select_for_update().get(pk=gpu_id)
+    busy = gpu.slices.filter(released_at__isnull=True).count()
+    if busy:
+        raise FleetChangeRefused(f"{busy} slice(s) on this GPU are in use; change it once they have ended.")
+    return gpu
+
+
+@transaction.atomic
+def set_policy(gpu_id: int, policy: str) -> Gpu:
+    gpu = _lock_idle(gpu_id)
+    if gpu.sharing != Gpu.Sharing.MIG:
+        raise FleetChangeRefused("Only a GPU that hands out MIG slices has a MIG policy.")
+    if policy not in Gpu.Policy.values:
+        raise FleetChangeRefused(f"Unknown policy {policy!r}.")
+    if policy == Gpu.Policy.DYNAMIC:
+        _destroy_instances(gpu)
+    gpu.mig_policy = policy
+    recount(gpu)
+    gpu.save()
+    return gpu
+
+
+@transaction.atomic
+def set_layout(gpu_id: int, layout: list[tuple[str, int]]) -> Gpu:
+    """Replace a static GPU's MIG instances with ``layout``; refuses illegal layouts, saying why."""
+    gpu = _lock_idle(gpu_id)
+    if gpu.sharing != Gpu.Sharing.MIG or gpu.mig_policy != Gpu.Policy.STATIC:
+        raise FleetChangeRefused("Layouts apply to MIG GPUs with the static policy; switch the policy first.")
+    model = gpu.catalog_model
+    try:
+        placement.layout_of(model, layout)
+    except ValueError as error:  # UnknownProfile is a ValueError too
+        raise FleetChangeRefused(str(error)) from None
+    _destroy_instances(gpu)
+    backend = backend_for_host(gpu.host.backend)
+    for name, start in sorted(layout, key=lambda item: item[1]):
+        made = backend.create_instance(gpu.uuid, model.profile(name), start)
+        GpuInstance.objects.create(
+            gpu=gpu,
+            profile=name,
+            start=start,
+            size=made.size,
+            gi_id=made.gi_id,
+            ci_id=made.ci_id,
+            device_uuid=made.device_uuid,
+            origin=GpuInstance.Origin.LAYOUT,
+        )
+    recount(gpu)
+    gpu.save()
+    return gpu
+
+
+@transaction.atomic
+def set_sharing(gpu_id: int, sharing: str, share_limit: int | None = None) -> Gpu:
+    gpu = _lock_idle(gpu_id)
+    if sharing not in Gpu.Sharing.values:
+        raise FleetChangeRefused(f"Unknown sharing mode {sharing!r}.")
+    if sharing == Gpu.Sharing.MIG and not gpu.mig_enabled:
+        raise FleetChangeRefused("MIG mode is off on this GPU; an administrator must enable it on the host.")
+    if sharing != Gpu.Sharing.MIG and gpu.mig_enabled:
+        raise FleetChangeRefused("MIG mode is on for this GPU, so it can only hand out MIG slices.")
+    if share_limit is not None and not 2 <= share_limit <= 64:
+        raise FleetChangeRefused("A time-sliced GPU takes 2 to 64 sessions.")
+    gpu.sharing = sharing
+    if share_limit is not None:
+        gpu.share_limit = share_limit
+    gpu.save()
+    return gpu
+
+
+def _destroy_instances(gpu: Gpu) -> None:
+    backend = backend_for_host(gpu.host.backend)
+    for instance in gpu.instances.all():
+        backend.destroy_instance(gpu.uuid, instance.gi_id)
+        instance.delete()
+
+
+def fleet_summary() -> list[Gpu]:
+    """Every GPU with its host and active-slice count, for the operator pages."""
+    return list(
+        Gpu.objects.select_related("host").annotate(in_use=Count("slices", filter=Q(slices__released_at__isnull=True)))
+    )

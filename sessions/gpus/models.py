@@ -1,0 +1,203 @@
+"""The fleet as the portal records it: hosts, GPUs, the MIG instances on them, and slices.
+
+A slice is one allocation: what a session or render job runs on. Its rows are
+the truth about who holds what; the per-GPU bookkeeping columns (memory mask,
+compute used, counts) are kept in step with them in the same transaction, so
+the allocator can pick a GPU without reading every slice.
+"""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.db import models
+from django.db.models import Q
+
+from sessions.gpus import catalog
+from sessions.gpus.placement import Layout
+
+
+class GpuHost(models.Model):
+    class Backend(models.TextChoices):
+        NVML = "nvml", "NVML"
+        SIMULATED = "simulated", "Simulated"
+
+    name = models.CharField(max_length=100, unique=True)
+    backend = models.CharField(max_length=20, choices=Backend.choices)
+    driver_version = models.CharField(max_length=50, blank=True)
+    last_seen = models.DateTimeField(null=True, blank=True)
+    problem = models.TextField(blank=True, help_text="The last discovery error, if any.")
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+    @property
+    def simulated(self) -> bool:
+        return self.backend == self.Backend.SIMULATED
+
+
+class Gpu(models.Model):
+    class Sharing(models.TextChoices):
+        MIG = "mig", "MIG slices"
+        WHOLE = "whole", "Whole GPU"
+        SHARED = "shared", "Time-sliced share"
+
+    class Policy(models.TextChoices):
+        STATIC = "static", "Static layout"
+        DYNAMIC = "dynamic", "Dynamic (created per request)"
+
+    class State(models.TextChoices):
+        OK = "ok", "OK"
+        MISSING = "missing", "Missing"
+        ERROR = "error", "Error"
+
+    host = models.ForeignKey(GpuHost, on_delete=models.CASCADE, related_name="gpus")
+    index = models.PositiveSmallIntegerField()
+    uuid = models.CharField(max_length=64, unique=True)
+    model_name = models.CharField(max_length=64, help_text="Catalog model, e.g. H200-SXM5-141GB.")
+    product_name = models.CharField(max_length=100, blank=True)
+    memory_mib = models.PositiveIntegerField()
+    mig_capable = models.BooleanField(default=False)
+    mig_enabled = models.BooleanField(default=False)
+    mig_pending = models.BooleanField(default=False, help_text="MIG mode after the next GPU reset.")
+    sharing = models.CharField(max_length=10, choices=Sharing.choices, default=Sharing.WHOLE)
+    share_limit = models.PositiveSmallIntegerField(default=4, help_text="Sessions at once when time-sliced.")
+    mig_policy = models.CharField(max_length=10, choices=Policy.choices, default=Policy.DYNAMIC)
+    state = models.CharField(max_length=10, choices=State.choices, default=State.OK)
+    state_detail = models.TextField(blank=True)
+    # Bookkeeping, always updated with the slices and instances it summarises.
+    memory_mask = models.PositiveIntegerField(default=0)
+    compute_used = models.PositiveSmallIntegerField(default=0)
+    profile_counts = models.JSONField(default=dict)
+    active_slices = models.PositiveIntegerField(default=0)
+
+    class Meta:
+        ordering = ["host__name", "index"]
+        constraints = [models.UniqueConstraint(fields=["host", "index"], name="gpu_unique_index_per_host")]
+
+    def __str__(self) -> str:
+        return f"{self.host.name} GPU {self.index} ({self.model_name})"
+
+    @property
+    def catalog_model(self) -> catalog.GpuModel:
+        return catalog.model(self.model_name)
+
+    @property
+    def simulated(self) -> bool:
+        return self.host.simulated
+
+    @property
+    def memory_gib(self) -> float:
+        return round(self.memory_mib / 1024, 1)
+
+    def layout(self) -> Layout:
+        return Layout(self.memory_mask, self.compute_used, tuple(sorted(self.profile_counts.items())))
+
+    def set_layout(self, layout: Layout) -> None:
+        self.memory_mask = layout.memory_mask
+        self.compute_used = layout.compute_used
+        self.profile_counts = dict(layout.counts)
+
+
+class GpuInstance(models.Model):
+    """A MIG GPU instance (with its compute instance) that exists on a GPU."""
+
+    class Origin(models.TextChoices):
+        LAYOUT = "layout", "Static layout"
+        DYNAMIC = "dynamic", "Created for one slice"
+
+    gpu = models.ForeignKey(Gpu, on_delete=models.CASCADE, related_name="instances")
+    profile = models.CharField(max_length=32)
+    start = models.PositiveSmallIntegerField()
+    size = models.PositiveSmallIntegerField()
+    gi_id = models.PositiveIntegerField()
+    ci_id = models.PositiveIntegerField(default=0)
+    device_uuid = models.CharField(max_length=64, unique=True)
+    origin = models.CharField(max_length=10, choices=Origin.choices)
+
+    class Meta:
+        ordering = ["gpu", "start"]
+        constraints = [models.UniqueConstraint(fields=["gpu", "start"], name="instance_unique_start_per_gpu")]
+
+    def __str__(self) -> str:
+        return f"{self.profile}@{self.start} on {self.gpu}"
+
+
+class Slice(models.Model):
+    class Kind(models.TextChoices):
+        MIG = "mig", "MIG slice"
+        WHOLE = "whole", "Whole GPU"
+        SHARED = "shared", "Time-sliced share"
+
+    gpu = models.ForeignKey(Gpu, on_delete=models.PROTECT, related_name="slices")
+    instance = models.ForeignKey(GpuInstance, on_delete=models.SET_NULL, null=True, blank=True, related_name="slices")
+    kind = models.CharField(max_length=10, choices=Kind.choices)
+    profile = models.CharField(max_length=32, blank=True)
+    placement_start = models.PositiveSmallIntegerField(null=True, blank=True)
+    placement_size = models.PositiveSmallIntegerField(null=True, blank=True)
+    compute_slices = models.PositiveSmallIntegerField(default=0)
+    memory_gib = models.FloatField(default=0)
+    device_uuid = models.CharField(max_length=64, help_text="What the container receives as NVIDIA_VISIBLE_DEVICES.")
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="slices")
+    holder = models.CharField(max_length=100, blank=True, help_text="What uses it, e.g. session:12.")
+    allocated_at = models.DateTimeField()
+    released_at = models.DateTimeField(null=True, blank=True)
+    release_reason = models.CharField(max_length=100, blank=True)
+
+    class Meta:
+        ordering = ["-allocated_at"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["instance"], condition=Q(released_at__isnull=True), name="slice_one_active_per_instance"
+            ),
+            models.UniqueConstraint(
+                fields=["gpu"],
+                condition=Q(released_at__isnull=True, kind="whole"),
+                name="slice_one_active_whole_per_gpu",
+            ),
+        ]
+        indexes = [models.Index(fields=["owner", "released_at"])]
+
+    def __str__(self) -> str:
+        return f"{self.describe()} for {self.owner}"
+
+    @property
+    def active(self) -> bool:
+        return self.released_at is None
+
+    def describe(self) -> str:
+        if self.kind == self.Kind.MIG:
+            return f"{self.profile} at memory slice {self.placement_start} of {self.gpu}"
+        return f"{self.get_kind_display()} on {self.gpu}"
+
+
+class SliceQuota(models.Model):
+    """A per-user limit on concurrent slices, overriding PORTAL_MAX_SLICES_PER_USER."""
+
+    user = models.OneToOneField(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="slice_quota")
+    max_slices = models.PositiveSmallIntegerField()
+
+    def __str__(self) -> str:
+        return f"{self.user}: at most {self.max_slices} slices"
+
+
+class SimulatedGpuInstance(models.Model):
+    """The simulated backend's stand-in for driver state: MIG instances that 'exist' on a simulated GPU."""
+
+    gpu_uuid = models.CharField(max_length=64)
+    gi_id = models.PositiveIntegerField()
+    profile = models.CharField(max_length=32)
+    start = models.PositiveSmallIntegerField()
+    size = models.PositiveSmallIntegerField()
+    device_uuid = models.CharField(max_length=64, unique=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["gpu_uuid", "gi_id"], name="simulated_unique_gi"),
+            models.UniqueConstraint(fields=["gpu_uuid", "start"], name="simulated_unique_start"),
+        ]
+
+    def __str__(self) -> str:
+        return f"simulated {self.profile}@{self.start} on {self.gpu_uuid}"

@@ -1,0 +1,1 @@
+"""Running containers for slices: the container-runtime adapter."""

@@ -1,0 +1,106 @@
+"""The Docker adapter: the only module that imports ``docker``.
+
+It turns a slice into what the NVIDIA Container Toolkit expects (a device
+request naming the slice's MIG or GPU UUID) plus the limits and labels every
+GPU container gets, and runs, inspects and removes such containers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import docker
+from django.conf import settings
+from docker.errors import DockerException, NotFound
+from docker.types import DeviceRequest
+
+from sessions.gpus.models import Slice
+
+LABEL_PREFIX = "gpu-portal"
+GIB = 1024**3
+
+
+class RuntimeError_(RuntimeError):
+    """The Docker engine refused or failed; the message says what was being done."""
+
+
+@dataclass(frozen=True)
+class Limits:
+    cpus: float
+    memory_bytes: int
+    pids: int
+
+
+def limits_for(taken: Slice) -> Limits:
+    """Host CPU and memory in proportion to the slice: a bigger GPU share gets more of the host."""
+    cpus = max(1.0, taken.compute_slices * float(settings.CPUS_PER_COMPUTE_SLICE))
+    memory = max(4 * GIB, int(taken.memory_gib * settings.HOST_MEMORY_PER_GPU_GIB * GIB))
+    return Limits(cpus=cpus, memory_bytes=memory, pids=int(settings.CONTAINER_PIDS_LIMIT))
+
+
+def device_request(taken: Slice) -> DeviceRequest:
+    return DeviceRequest(driver="nvidia", device_ids=[taken.device_uuid], capabilities=[["gpu"]])
+
+
+def labels_for(taken: Slice, extra: dict[str, str] | None = None) -> dict[str, str]:
+    labels = {
+        f"{LABEL_PREFIX}.slice": str(taken.pk),
+        f"{LABEL_PREFIX}.gpu": taken.gpu.uuid,
+        f"{LABEL_PREFIX}.device": taken.device_uuid,
+        f"{LABEL_PREFIX}.owner": str(taken.owner_id),
+        f"{LABEL_PREFIX}.holder": taken.holder,
+    }
+    return {**labels, **(extra or {})}
+
+
+def container_options(taken: Slice, image: str, **overrides: Any) -> dict[str, Any]:
+    """Keyword arguments for ``containers.create``: device, limits, labels and safe defaults."""
+    limits = limits_for(taken)
+    options: dict[str, Any] = {
+        "image": image,
+        "device_requests": [device_request(taken)],
+        "labels": labels_for(taken, overrides.pop("labels", None)),
+        "nano_cpus": int(limits.cpus * 1e9),
+        "mem_limit": limits.memory_bytes,
+        "pids_limit": limits.pids,
+        "security_opt": ["no-new-privileges:true"],
+        "network_mode": settings.CONTAINER_NETWORK,
+        "detach": True,
+    }
+    options.update(overrides)
+    return options
+
+
+class DockerRuntime:
+    def __init__(self, base_url: str | None = None) -> None:
+        try:
+            self.client = docker.DockerClient(base_url=base_url) if base_url else docker.from_env()
+        except DockerException as error:
+            raise RuntimeError_(f"cannot reach the Docker engine: {error}") from None
+
+    def start_for_slice(self, taken: Slice, image: str, **overrides: Any) -> str:
+        """Create and start a container on the slice; returns its id."""
+        try:
+            container = self.client.containers.create(**container_options(taken, image, **overrides))
+            container.start()
+        except DockerException as error:
+            raise RuntimeError_(f"starting a container for slice {taken.pk} failed: {error}") from None
+        return str(container.id)
+
+    def wait(self, container_id: str, timeout: float = 60) -> int:
+        result = self.client.containers.get(container_id).wait(timeout=timeout)
+        return int(result["StatusCode"])
+
+    def logs(self, container_id: str) -> str:
+        return bytes(self.client.containers.get(container_id).logs()).decode(errors="replace")
+
+    def remove(self, container_id: str) -> None:
+        try:
+            self.client.containers.get(container_id).remove(force=True)
+        except NotFound:
+            return
+
+    def containers_for(self, label: str, value: str) -> list[str]:
+        found = self.client.containers.list(all=True, filters={"label": f"{LABEL_PREFIX}.{label}={value}"})
+        return [str(container.id) for container in found]

@@ -1,0 +1,150 @@
+"""allocate() and release(): MIG slices, whole GPUs, time-sliced shares, limits and refusals."""
+
+from __future__ import annotations
+
+import pytest
+from django.contrib.auth.models import User
+
+from sessions.gpus import fleet
+from sessions.gpus.allocator import AllocationRefused, ReleaseRefused, SliceRequest, allocate, free_capacity, release
+from sessions.gpus.models import Gpu, GpuInstance, SimulatedGpuInstance, Slice, SliceQuota
+from tests.gpus import checker
+
+H200 = "H200-SXM5-141GB"
+MIG = Slice.Kind.MIG
+
+
+def mig(profile: str, **kwargs: str) -> SliceRequest:
+    return SliceRequest(kind=MIG, profile=profile, **kwargs)
+
+
+def test_a_mig_slice_gets_its_own_mig_device(h200s: list[Gpu], many_slices: User) -> None:
+    taken = allocate(many_slices, mig("3g.71gb"), holder="session:1")
+    assert taken.device_uuid.startswith("MIG-")
+    assert taken.gpu.model_name == H200
+    assert (taken.placement_start, taken.placement_size, taken.compute_slices) in {(0, 4, 3), (4, 4, 3)}
+    assert SimulatedGpuInstance.objects.get(device_uuid=taken.device_uuid).profile == "3g.71gb"
+    assert taken.holder == "session:1"
+    assert checker.problems() == []
+
+
+def test_small_slices_fill_one_gpu_before_starting_another(h200s: list[Gpu], many_slices: User) -> None:
+    first = allocate(many_slices, mig("1g.18gb"))
+    second = allocate(many_slices, mig("1g.18gb"))
+    assert first.gpu_id == second.gpu_id
+    assert allocate(many_slices, mig("7g.141gb")).gpu_id != first.gpu_id
+
+
+def test_a_small_slice_does_not_take_memory_slice_zero_on_an_empty_gpu(h200s: list[Gpu], many_slices: User) -> None:
+    taken = allocate(many_slices, mig("1g.18gb"))
+    assert taken.placement_start != 0
+    assert allocate(many_slices, mig("4g.71gb")).gpu_id == taken.gpu_id
+
+
+def test_release_frees_exactly_what_was_taken(h200s: list[Gpu], many_slices: User) -> None:
+    gpu = h200s[0]
+    before = Gpu.objects.get(pk=gpu.pk).layout()
+    taken = allocate(many_slices, mig("2g.35gb", host="sim-1"))
+    release(taken.pk, by=many_slices)
+    taken.refresh_from_db()
+    assert taken.released_at is not None
+    assert Gpu.objects.get(pk=taken.gpu_id).layout() == before
+    assert not GpuInstance.objects.filter(device_uuid=taken.device_uuid).exists()
+    assert not SimulatedGpuInstance.objects.filter(device_uuid=taken.device_uuid).exists()
+
+
+def test_a_whole_gpu_is_exclusive_and_gets_the_gpu_uuid(h200s: list[Gpu], many_slices: User, bob: User) -> None:
+    taken = allocate(many_slices, SliceRequest(kind=Slice.Kind.WHOLE))
+    assert taken.device_uuid == taken.gpu.uuid
+    assert taken.device_uuid.startswith("GPU-")
+    with pytest.raises(AllocationRefused, match="No whole GPU is free now"):
+        allocate(bob, SliceRequest(kind=Slice.Kind.WHOLE))
+
+
+def test_a_shared_gpu_takes_up_to_its_limit(h200s: list[Gpu], many_slices: User) -> None:
+    shares = [allocate(many_slices, SliceRequest(kind=Slice.Kind.SHARED)) for _ in range(3)]
+    assert {s.device_uuid for s in shares} == {shares[0].gpu.uuid}
+    with pytest.raises(AllocationRefused, match="No time-sliced share is free now"):
+        allocate(many_slices, SliceRequest(kind=Slice.Kind.SHARED))
+    release(shares[0].pk)
+    assert allocate(many_slices, SliceRequest(kind=Slice.Kind.SHARED)).gpu_id == shares[0].gpu_id
+
+
+def test_the_per_user_limit_refuses_at_once(h200s: list[Gpu], alice: User, settings) -> None:  # type: ignore[no-untyped-def]
+    settings.MAX_SLICES_PER_USER = 2
+    allocate(alice, mig("1g.18gb"))
+    allocate(alice, mig("1g.18gb"))
+    with pytest.raises(AllocationRefused) as refused:
+        allocate(alice, mig("1g.18gb"))
+    assert refused.value.code == "quota"
+    assert Slice.objects.filter(owner=alice).count() == 2
+
+
+def test_a_quota_row_overrides_the_default_limit(h200s: list[Gpu], alice: User) -> None:
+    SliceQuota.objects.create(user=alice, max_slices=0)
+    with pytest.raises(AllocationRefused, match="your limit"):
+        allocate(alice, mig("1g.18gb"))
+
+
+def test_a_profile_the_model_lacks_is_refused_clearly(h200s: list[Gpu], alice: User) -> None:
+    with pytest.raises(AllocationRefused, match="No MIG GPU on H200-SXM5-141GB has the profile '1g.10gb'") as refused:
+        allocate(alice, mig("1g.10gb", model=H200))
+    assert refused.value.code == "unknown_profile"
+    with pytest.raises(AllocationRefused, match="No MIG GPU in the fleet has the profile 'banana'"):
+        allocate(alice, mig("banana"))
+    assert not Slice.objects.exists()
+
+
+def test_no_capacity_says_what_is_free(h200s: list[Gpu], many_slices: User) -> None:
+    allocate(many_slices, mig("7g.141gb"))
+    allocate(many_slices, mig("4g.71gb"))
+    with pytest.raises(AllocationRefused) as refused:
+        allocate(many_slices, mig("7g.141gb"))
+    assert refused.value.code == "no_capacity"
+    assert "No 7g.141gb slice is free now" in refused.value.reason
+    assert "H200-SXM5-141GB 3g.71gb ×1" in refused.value.reason
+    assert refused.value.free[f"{H200} 1g.18gb"] == 3
+
+
+def test_nobody_releases_another_users_slice(h200s: list[Gpu], alice: User, bob: User) -> None:
+    taken = allocate(alice, mig("1g.18gb"))
+    with pytest.raises(ReleaseRefused, match="No such slice among yours"):
+        release(taken.pk, by=bob)
+    taken.refresh_from_db()
+    assert taken.active
+
+
+def test_a_second_release_is_refused_and_changes_nothing(h200s: list[Gpu], alice: User) -> None:
+    taken = allocate(alice, mig("1g.18gb"))
+    release(taken.pk, by=alice)
+    layout = Gpu.objects.get(pk=taken.gpu_id).layout()
+    with pytest.raises(ReleaseRefused, match="already released"):
+        release(taken.pk, by=alice)
+    assert Gpu.objects.get(pk=taken.gpu_id).layout() == layout
+
+
+def test_a_static_layout_hands_out_its_existing_instances(h200s: list[Gpu], many_slices: User) -> None:
+    gpu = h200s[0]
+    fleet.set_policy(gpu.pk, Gpu.Policy.STATIC)
+    fleet.set_layout(gpu.pk, [("3g.71gb", 4), ("2g.35gb", 0), ("1g.18gb", 2), ("1g.18gb", 3)])
+    fleet.set_policy(h200s[1].pk, Gpu.Policy.STATIC)
+    existing = set(GpuInstance.objects.filter(gpu=gpu).values_list("device_uuid", flat=True))
+    taken = allocate(many_slices, mig("1g.18gb"))
+    assert taken.device_uuid in existing
+    second = allocate(many_slices, mig("1g.18gb"))
+    assert second.device_uuid in existing - {taken.device_uuid}
+    with pytest.raises(AllocationRefused):
+        allocate(many_slices, mig("1g.18gb"))
+    release(taken.pk)
+    assert GpuInstance.objects.filter(device_uuid=taken.device_uuid).exists()
+    assert allocate(many_slices, mig("1g.18gb")).device_uuid == taken.device_uuid
+
+
+def test_free_capacity_counts_each_profile_alone(h200s: list[Gpu], many_slices: User) -> None:
+    taken = allocate(many_slices, mig("3g.71gb"))
+    assert taken.placement_start == 4  # keeps slices 0-3 whole for a 4g
+    free = free_capacity(H200)
+    assert free[f"{H200} 7g.141gb"] == 1
+    assert free[f"{H200} 4g.71gb"] == 2
+    assert free[f"{H200} 3g.71gb"] == 3
+    assert free[f"{H200} 1g.18gb"] == 7 + 4
