@@ -72,7 +72,7 @@ def why_not(gpu_model: GpuModel, layout: Layout, profile: Profile, start: int) -
         free = gpu_model.compute_slices - layout.compute_used
         return f"{profile.name} needs {profile.compute_slices} compute slices; only {free} are free."
     if layout.count(profile.name) >= profile.max_count:
-        return f"A {gpu_model.name} holds at most {profile.max_count} × {profile.name}."
+        return f"One {gpu_model.name} holds at most {profile.max_count} × {profile.name}."
     return None
 
 

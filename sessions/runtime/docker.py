@@ -32,9 +32,11 @@ class Limits:
     pids: int
 
 
-def limits_for(taken: Slice) -> Limits:
+def limits_for(taken: Slice, host_cpus: int | None = None) -> Limits:
     """Host CPU and memory in proportion to the slice: a bigger GPU share gets more of the host."""
     cpus = max(1.0, taken.compute_slices * float(settings.CPUS_PER_COMPUTE_SLICE))
+    if host_cpus:
+        cpus = min(cpus, float(host_cpus))
     memory = max(4 * GIB, int(taken.memory_gib * settings.HOST_MEMORY_PER_GPU_GIB * GIB))
     return Limits(cpus=cpus, memory_bytes=memory, pids=int(settings.CONTAINER_PIDS_LIMIT))
 
@@ -54,9 +56,9 @@ def labels_for(taken: Slice, extra: dict[str, str] | None = None) -> dict[str, s
     return {**labels, **(extra or {})}
 
 
-def container_options(taken: Slice, image: str, **overrides: Any) -> dict[str, Any]:
+def container_options(taken: Slice, image: str, host_cpus: int | None = None, **overrides: Any) -> dict[str, Any]:
     """Keyword arguments for ``containers.create``: device, limits, labels and safe defaults."""
-    limits = limits_for(taken)
+    limits = limits_for(taken, host_cpus)
     options: dict[str, Any] = {
         "image": image,
         "device_requests": [device_request(taken)],
@@ -78,15 +80,23 @@ class DockerRuntime:
             self.client = docker.DockerClient(base_url=base_url) if base_url else docker.from_env()
         except DockerException as error:
             raise RuntimeError_(f"cannot reach the Docker engine: {error}") from None
+        self._host_cpus: int | None = None
 
     def start_for_slice(self, taken: Slice, image: str, **overrides: Any) -> str:
         """Create and start a container on the slice; returns its id."""
         try:
-            container = self.client.containers.create(**container_options(taken, image, **overrides))
+            options = container_options(taken, image, host_cpus=self.host_cpus(), **overrides)
+            container = self.client.containers.create(**options)
             container.start()
         except DockerException as error:
             raise RuntimeError_(f"starting a container for slice {taken.pk} failed: {error}") from None
         return str(container.id)
+
+    def host_cpus(self) -> int:
+        """CPUs of the engine's host: no container may ask for more."""
+        if self._host_cpus is None:
+            self._host_cpus = int(self.client.info()["NCPU"])
+        return self._host_cpus
 
     def wait(self, container_id: str, timeout: float = 60) -> int:
         result = self.client.containers.get(container_id).wait(timeout=timeout)

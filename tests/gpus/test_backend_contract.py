@@ -1,0 +1,112 @@
+"""One contract for every GPU backend: the simulated one here, NVML where a driver answers.
+
+The NVML run is marked ``gpu`` and is read-only unless PORTAL_GPU_TESTS_MAY_CHANGE=1:
+it discovers and reads placements, and never creates instances or touches MIG mode.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+import pytest
+
+from sessions.gpus import catalog
+from sessions.gpus.backends.base import BackendError, GpuBackend
+from sessions.gpus.backends.nvml import NvmlBackend, nvml_available
+from sessions.gpus.backends.simulated import SimulatedBackend
+
+MAY_CHANGE_REAL_GPUS = os.environ.get("PORTAL_GPU_TESTS_MAY_CHANGE") == "1"
+
+
+@pytest.fixture(params=["simulated", pytest.param("nvml", marks=pytest.mark.gpu)])
+def backend(request: pytest.FixtureRequest, db: None) -> Iterator[GpuBackend]:
+    if request.param == "nvml":
+        if not nvml_available():
+            pytest.skip("no NVIDIA driver answers on this host")
+        yield NvmlBackend("contract-host")
+    else:
+        yield SimulatedBackend("contract: 2xH200:mig, 1xA100-40GB:mig, 1xA30:shared=4, 1xL4:whole")
+
+
+def mig_gpus(backend: GpuBackend) -> list[tuple[str, catalog.GpuModel]]:
+    found = []
+    for host in backend.discover():
+        for gpu in host.gpus:
+            if gpu.mig_enabled and not gpu.problem:
+                found.append((gpu.uuid, catalog.model(gpu.model_name)))
+    return found
+
+
+def test_discovery_reports_each_gpu_with_a_uuid_and_memory(backend: GpuBackend) -> None:
+    hosts = backend.discover()
+    assert hosts and all(host.name and host.driver_version for host in hosts)
+    gpus = [gpu for host in hosts for gpu in host.gpus]
+    assert gpus
+    for gpu in gpus:
+        assert gpu.uuid.startswith("GPU-")
+        assert gpu.memory_mib > 1024
+        assert gpu.mig_capable or not gpu.mig_enabled
+        for instance in gpu.instances:
+            assert instance.device_uuid.startswith("MIG-")
+
+
+def test_discovery_is_stable_between_calls(backend: GpuBackend) -> None:
+    first = [(g.uuid, g.model_name, g.mig_enabled) for h in backend.discover() for g in h.gpus]
+    second = [(g.uuid, g.model_name, g.mig_enabled) for h in backend.discover() for g in h.gpus]
+    assert first == second
+
+
+def test_possible_starts_are_a_subset_of_the_catalogs_placements(backend: GpuBackend) -> None:
+    for gpu_uuid, model in mig_gpus(backend):
+        for profile in model.profiles:
+            assert set(backend.possible_starts(gpu_uuid, profile)) <= set(profile.placements)
+
+
+def test_an_instance_can_be_created_found_and_destroyed(backend: GpuBackend) -> None:
+    if isinstance(backend, NvmlBackend) and not MAY_CHANGE_REAL_GPUS:
+        pytest.skip("creating MIG instances changes the GPU; set PORTAL_GPU_TESTS_MAY_CHANGE=1 to allow it")
+    gpus = mig_gpus(backend)
+    if not gpus:
+        pytest.skip("no GPU with MIG mode on")
+    gpu_uuid, model = gpus[0]
+    profile = min(model.profiles, key=lambda p: (p.compute_slices, p.memory_slices, p.media_extensions))
+    starts = backend.possible_starts(gpu_uuid, profile)
+    if not starts:
+        pytest.skip("no free placement for the smallest profile")
+    made = backend.create_instance(gpu_uuid, profile, starts[-1])
+    try:
+        assert made.device_uuid.startswith("MIG-")
+        assert (made.profile, made.start, made.size) == (profile.name, starts[-1], profile.placement_size)
+        listed = [i for h in backend.discover() for g in h.gpus if g.uuid == gpu_uuid for i in g.instances]
+        assert made.device_uuid in {i.device_uuid for i in listed}
+        assert starts[-1] not in backend.possible_starts(gpu_uuid, profile)
+    finally:
+        backend.destroy_instance(gpu_uuid, made.gi_id)
+    listed = [i for h in backend.discover() for g in h.gpus if g.uuid == gpu_uuid for i in g.instances]
+    assert made.device_uuid not in {i.device_uuid for i in listed}
+
+
+def test_an_illegal_placement_is_refused_with_a_reason(backend: GpuBackend) -> None:
+    if isinstance(backend, NvmlBackend) and not MAY_CHANGE_REAL_GPUS:
+        pytest.skip("a create attempt on a real GPU is not read-only")
+    gpus = mig_gpus(backend)
+    if not gpus:
+        pytest.skip("no GPU with MIG mode on")
+    gpu_uuid, model = gpus[0]
+    biggest = max(model.profiles, key=lambda p: p.compute_slices)
+    with pytest.raises(BackendError) as refused:
+        backend.create_instance(gpu_uuid, biggest, 1)
+    assert refused.value.code in {"insufficient_resources", "not_supported", "driver"}
+    assert str(refused.value)
+
+
+def test_destroying_a_missing_instance_is_a_clear_error(backend: GpuBackend) -> None:
+    if isinstance(backend, NvmlBackend) and not MAY_CHANGE_REAL_GPUS:
+        pytest.skip("destroy calls on a real GPU are not read-only")
+    gpus = mig_gpus(backend)
+    if not gpus:
+        pytest.skip("no GPU with MIG mode on")
+    with pytest.raises(BackendError) as refused:
+        backend.destroy_instance(gpus[0][0], 14)
+    assert refused.value.code in {"not_found", "driver"}

@@ -1,0 +1,73 @@
+"""A real container started for a slice receives exactly that slice's device, and its limits and labels."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from django.contrib.auth.models import User
+
+from sessions.gpus.allocator import SliceRequest, allocate
+from sessions.gpus.models import Slice
+from sessions.runtime.docker import DockerRuntime, limits_for
+from tests.gpus.conftest import FleetMaker
+
+pytestmark = pytest.mark.docker
+IMAGE = "gpu-portal/busybox:latest"
+SHOW_DEVICES = ["sh", "-c", "env | grep ^NVIDIA_ | sort"]
+
+
+@pytest.fixture
+def runtime(docker_engine: str) -> Iterator[DockerRuntime]:
+    runtime = DockerRuntime()
+    started: list[str] = []
+    runtime.started = started  # type: ignore[attr-defined]
+    yield runtime
+    for container_id in started:
+        runtime.remove(container_id)
+
+
+def run_on(runtime: DockerRuntime, taken: Slice) -> tuple[str, str]:
+    container_id = runtime.start_for_slice(taken, IMAGE, command=SHOW_DEVICES, network_mode="host")
+    runtime.started.append(container_id)  # type: ignore[attr-defined]
+    assert runtime.wait(container_id, timeout=60) == 0
+    return container_id, runtime.logs(container_id)
+
+
+def test_a_mig_slice_container_sees_its_own_uuid_and_nothing_else(
+    make_fleet: FleetMaker, many_slices: User, runtime: DockerRuntime
+) -> None:
+    make_fleet("dock: 1xH200:mig")
+    mine = allocate(many_slices, SliceRequest(kind="mig", profile="2g.35gb"), holder="session:7")
+    other = allocate(many_slices, SliceRequest(kind="mig", profile="1g.18gb"))
+    _, output = run_on(runtime, mine)
+    assert output.splitlines() == [f"NVIDIA_VISIBLE_DEVICES={mine.device_uuid}"]
+    assert other.device_uuid not in output
+
+
+def test_a_whole_gpu_container_sees_the_gpus_uuid(make_fleet: FleetMaker, alice: User, runtime: DockerRuntime) -> None:
+    gpu = make_fleet("dock: 1xL4:whole")[0]
+    taken = allocate(alice, SliceRequest(kind="whole"))
+    _, output = run_on(runtime, taken)
+    assert output.splitlines() == [f"NVIDIA_VISIBLE_DEVICES={gpu.uuid}"]
+
+
+def test_gpu_containers_carry_limits_labels_and_no_new_privileges(
+    make_fleet: FleetMaker, alice: User, runtime: DockerRuntime
+) -> None:
+    make_fleet("dock: 1xH200:mig")
+    taken = allocate(alice, SliceRequest(kind="mig", profile="3g.71gb"), holder="render-job:3")
+    container_id, _ = run_on(runtime, taken)
+    attrs = runtime.client.containers.get(container_id).attrs
+    host = attrs["HostConfig"]
+    limits = limits_for(taken, runtime.host_cpus())
+    assert host["NanoCpus"] == int(limits.cpus * 1e9) == min(6, runtime.host_cpus()) * 10**9
+    assert host["Memory"] == limits.memory_bytes
+    assert host["PidsLimit"] == limits.pids
+    assert "no-new-privileges:true" in host["SecurityOpt"]
+    assert host["DeviceRequests"][0]["DeviceIDs"] == [taken.device_uuid]
+    assert host["DeviceRequests"][0]["Driver"] == "nvidia"
+    labels = attrs["Config"]["Labels"]
+    assert labels["gpu-portal.slice"] == str(taken.pk)
+    assert labels["gpu-portal.holder"] == "render-job:3"
+    assert runtime.containers_for("slice", str(taken.pk)) == [container_id]
