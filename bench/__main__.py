@@ -6,7 +6,7 @@ import argparse
 import importlib
 import sys
 
-BENCHMARKS = ["dashboard"]
+BENCHMARKS = ["dashboard", "allocator"]
 
 
 def main(argv: list[str]) -> int:

@@ -11,11 +11,12 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from django.conf import settings
 from django.contrib.auth.models import User
 from django.db import transaction
-from django.db.models import F, QuerySet
+from django.db.models import Exists, F, Min, OuterRef, Q, QuerySet, Subquery
 from django.utils import timezone
 
 from sessions.gpus import catalog, placement
@@ -25,8 +26,7 @@ from sessions.gpus.models import Gpu, GpuInstance, Slice, SliceQuota
 from sessions.gpus.placement import Layout
 
 log = logging.getLogger(__name__)
-Rule = Callable[[GpuModel, Sequence[tuple[Gpu, Layout]], Profile], tuple[Gpu, int] | None]
-BATCH = 64
+Rule = Callable[[GpuModel, Sequence[tuple[Any, Layout]], Profile], tuple[Any, int] | None]
 
 
 @dataclass(frozen=True)
@@ -58,10 +58,7 @@ def slice_limit(user: User) -> int:
 
 def allocate(owner: User, request: SliceRequest, holder: str = "", rule: Rule = placement.choose) -> Slice:
     with transaction.atomic():
-        User.objects.select_for_update().filter(pk=owner.pk).first()
-        limit = slice_limit(owner)
-        if Slice.objects.filter(owner=owner, released_at__isnull=True).count() >= limit:
-            raise AllocationRefused(f"You already hold {limit} slice(s), your limit; stop one first.", code="quota")
+        _check_limit(owner)
         if request.kind == Slice.Kind.MIG:
             return _allocate_mig(owner, request, holder, rule)
         if request.kind in (Slice.Kind.WHOLE, Slice.Kind.SHARED):
@@ -69,8 +66,19 @@ def allocate(owner: User, request: SliceRequest, holder: str = "", rule: Rule = 
         raise AllocationRefused(f"Unknown kind of slice {request.kind!r}.", code="bad_request")
 
 
+def _check_limit(owner: User) -> None:
+    # Lock the owner's row first, so one person's parallel requests queue here; the count
+    # must be a separate statement: a subquery would read the snapshot from before the wait.
+    quota = SliceQuota.objects.filter(user=OuterRef("pk")).values("max_slices")[:1]
+    row = User.objects.select_for_update().filter(pk=owner.pk).annotate(quota=Subquery(quota))
+    found = row.values_list("quota").first()
+    limit = int(settings.MAX_SLICES_PER_USER) if not found or found[0] is None else found[0]
+    if Slice.objects.filter(owner=owner, released_at__isnull=True).count() >= limit:
+        raise AllocationRefused(f"You already hold {limit} slice(s), your limit; stop one first.", code="quota")
+
+
 def _gpus(request: SliceRequest, sharing: str) -> QuerySet[Gpu]:
-    gpus = Gpu.objects.filter(sharing=sharing, state=Gpu.State.OK).select_related("host")
+    gpus = Gpu.objects.filter(sharing=sharing, state=Gpu.State.OK)
     if request.model:
         gpus = gpus.filter(model_name=request.model)
     if request.host:
@@ -78,34 +86,37 @@ def _gpus(request: SliceRequest, sharing: str) -> QuerySet[Gpu]:
     return gpus
 
 
-def _models_with(request: SliceRequest) -> list[GpuModel]:
-    names = sorted(set(_gpus(request, Gpu.Sharing.MIG).values_list("model_name", flat=True)))
-    models = [catalog.model(name) for name in names]
-    found = [model for model in models if any(p.name == request.profile for p in model.profiles)]
-    if not found:
-        where = f" on {request.model}" if request.model else " in the fleet"
-        raise AllocationRefused(f"No MIG GPU{where} has the profile {request.profile!r}.", code="unknown_profile")
+def _catalog_models_with(request: SliceRequest) -> list[GpuModel]:
+    models = [request.model] if request.model else list(catalog.models())
+    found = []
+    for name in models:
+        model = catalog.models().get(name)
+        if model and any(profile.name == request.profile for profile in model.profiles):
+            found.append(model)
     return found
 
 
 def _allocate_mig(owner: User, request: SliceRequest, holder: str, rule: Rule) -> Slice:
-    for model in _models_with(request):
+    models = _catalog_models_with(request)
+    for model in models:
         profile = model.profile(request.profile)
-        taken = _take_layout_instance(owner, request, model, profile, holder)
+        taken = _place(owner, request, model, profile, holder, rule)
         if taken:
             return taken
-        made = _place_dynamic(owner, request, model, profile, holder, rule)
-        if made:
-            return made
+    fleet_models = set(_gpus(request, Gpu.Sharing.MIG).values_list("model_name", flat=True).distinct())
+    if not fleet_models & {model.name for model in models}:
+        where = f" on {request.model}" if request.model else " in the fleet"
+        raise AllocationRefused(f"No MIG GPU{where} has the profile {request.profile!r}.", code="unknown_profile")
     free = free_capacity(request.model or None)
     raise AllocationRefused(_no_capacity_message(request.profile, free), free=free)
 
 
-def _take_layout_instance(
-    owner: User, request: SliceRequest, model: GpuModel, profile: Profile, holder: str
-) -> Slice | None:
-    gpus = _gpus(request, Gpu.Sharing.MIG).filter(mig_policy=Gpu.Policy.STATIC, model_name=model.name)
-    instance = _free_layout_instance(gpus, profile)
+def _take_layout_instance(owner: User, gpus: QuerySet[Gpu], profile: Profile, holder: str) -> Slice | None:
+    static = gpus.filter(mig_policy=Gpu.Policy.STATIC)
+    in_use = Slice.objects.filter(instance=OuterRef("pk"), released_at__isnull=True)
+    candidates = GpuInstance.objects.filter(origin=GpuInstance.Origin.LAYOUT, profile=profile.name, gpu__in=static)
+    free = candidates.filter(~Exists(in_use)).select_for_update(skip_locked=True)
+    instance = free.order_by("gpu_id", "start").first()
     if instance is None:
         return None
     gpu = Gpu.objects.select_for_update().get(pk=instance.gpu_id)
@@ -114,40 +125,47 @@ def _take_layout_instance(
     return _record(owner, gpu, instance, profile, holder)
 
 
-def _free_layout_instance(gpus: QuerySet[Gpu], profile: Profile) -> GpuInstance | None:
-    busy = Slice.objects.filter(released_at__isnull=True, instance__isnull=False).values("instance_id")
-    candidates = GpuInstance.objects.filter(gpu__in=gpus, profile=profile.name).exclude(pk__in=busy)
-    return candidates.select_for_update(skip_locked=True).order_by("gpu_id", "start").first()
+LAYOUT_FIELDS = ("memory_mask", "compute_used", "profile_counts")
 
 
-def _place_dynamic(
+def _place(
     owner: User, request: SliceRequest, model: GpuModel, profile: Profile, holder: str, rule: Rule
 ) -> Slice | None:
+    """A free instance of a static layout if there is one, else a new instance where the rule says.
+
+    Dynamic GPUs are grouped by layout: a fleet of a thousand GPUs has far fewer
+    distinct layouts, and any GPU of the chosen layout is as good as another.
+    """
     room = model.compute_slices - profile.compute_slices
-    gpus = _gpus(request, Gpu.Sharing.MIG).filter(
-        mig_policy=Gpu.Policy.DYNAMIC, model_name=model.name, compute_used__lte=room
-    )
-    offset = 0
-    while True:
-        batch = list(gpus.order_by("-compute_used", "id")[offset : offset + BATCH])
-        if not batch:
+    gpus = _gpus(request, Gpu.Sharing.MIG).filter(model_name=model.name)
+    fitting = gpus.filter(Q(mig_policy=Gpu.Policy.STATIC) | Q(compute_used__lte=room))
+    groups = fitting.values("mig_policy", *LAYOUT_FIELDS).annotate(first_id=Min("id")).order_by("first_id")
+    for _attempt in range(20):
+        found = list(groups)
+        if any(group["mig_policy"] == Gpu.Policy.STATIC for group in found):
+            taken = _take_layout_instance(owner, gpus, profile, holder)
+            if taken:
+                return taken
+        candidates = [(group, _layout(group)) for group in found if group["mig_policy"] == Gpu.Policy.DYNAMIC]
+        choice = rule(model, candidates, profile)
+        if choice is None:
             return None
-        choice = rule(model, [(gpu, gpu.layout()) for gpu in batch], profile)
-        if choice is not None:
-            placed = _place_on(owner, choice[0].pk, model, profile, holder)
-            if placed:
-                return placed
-            continue  # the GPU filled up under us: look again from the same offset
-        offset += BATCH
+        group, start = choice
+        same = gpus.filter(mig_policy=Gpu.Policy.DYNAMIC, **{f: group[f] for f in LAYOUT_FIELDS})
+        same = same.select_for_update(skip_locked=True).select_related("host")
+        # Try the group's first GPU by key; only if a parallel request holds it, look for its twins.
+        locked = same.filter(pk=group["first_id"]).first() or same.order_by("id").first()
+        if locked is not None:
+            return _place_on(owner, locked, model, profile, start, holder)
+    return None  # every GPU we chose was taken by parallel requests; the caller reports no capacity
 
 
-def _place_on(owner: User, gpu_id: int, model: GpuModel, profile: Profile, holder: str) -> Slice | None:
-    gpu = Gpu.objects.select_for_update().select_related("host").get(pk=gpu_id)
+def _layout(group: dict[str, Any]) -> Layout:
+    return Layout(group["memory_mask"], group["compute_used"], tuple(sorted(group["profile_counts"].items())))
+
+
+def _place_on(owner: User, gpu: Gpu, model: GpuModel, profile: Profile, start: int, holder: str) -> Slice:
     layout = gpu.layout()
-    best = placement.best_start(model, layout, profile)
-    if best is None:
-        return None
-    start = best[0]
     made = backend_for_host(gpu.host.backend).create_instance(gpu.uuid, profile, start)
     instance = GpuInstance.objects.create(
         gpu=gpu,
@@ -209,7 +227,7 @@ def _allocate_gpu(owner: User, request: SliceRequest, holder: str) -> Slice:
 def release(slice_id: int, by: User | None = None, reason: str = "released") -> Slice:
     """Give a slice back. ``by`` is checked: only the owner or staff may release it."""
     with transaction.atomic():
-        taken = Slice.objects.select_for_update().filter(pk=slice_id).first()
+        taken = Slice.objects.select_for_update(of=("self",)).select_related("instance").filter(pk=slice_id).first()
         if taken is None or (by is not None and taken.owner_id != by.pk and not by.is_staff):
             raise ReleaseRefused("No such slice among yours.")
         if taken.released_at is not None:

@@ -141,14 +141,17 @@ def choose(gpu_model: GpuModel, candidates: Sequence[tuple[K, Layout]], profile:
     """Our placement rule across GPUs of one model: the fullest GPU where the profile
     fits (keeping emptier GPUs whole for large requests), then the start on it that
     loses the least value. ``candidates`` are (key, layout) pairs; returns (key, start)."""
-    best: tuple[tuple[int, float], K, int] | None = None
-    for key, layout in candidates:
-        found = best_start(gpu_model, layout, profile)
-        if found is None:
+    best: tuple[float, K, int, int] | None = None
+    seen: set[Layout] = set()
+    for key, layout in sorted(candidates, key=lambda item: -item[1].compute_used):
+        if best is not None and layout.compute_used < best[3]:
+            break  # only emptier GPUs remain
+        if layout in seen:  # a fleet has many identical layouts (empty GPUs above all)
             continue
-        rank = (-layout.compute_used, found[1])
-        if best is None or rank < best[0]:
-            best = (rank, key, found[0])
+        seen.add(layout)
+        found = best_start(gpu_model, layout, profile)
+        if found is not None and (best is None or found[1] < best[0]):
+            best = (found[1], key, found[0], layout.compute_used)
     return None if best is None else (best[1], best[2])
 
 

@@ -156,10 +156,14 @@ class SimulatedBackend:
         spec = self._spec(gpu_uuid)
         if spec.sharing != "mig":
             raise BackendError(f"MIG mode is off on {gpu_uuid}", code="not_supported")
-        problem = why_not(spec.model, self._layout(gpu_uuid), profile, start)
+        rows = list(SimulatedGpuInstance.objects.filter(gpu_uuid=gpu_uuid).values_list("gi_id", "profile", "start"))
+        layout = Layout()
+        for _, name, at in rows:
+            layout = layout.with_instance(spec.model.profile(name), at)
+        problem = why_not(spec.model, layout, profile, start)
         if problem:
             raise BackendError(problem, code="insufficient_resources")
-        used = set(SimulatedGpuInstance.objects.filter(gpu_uuid=gpu_uuid).values_list("gi_id", flat=True))
+        used = {gi_id for gi_id, _, _ in rows}
         gi_id = min(set(range(1, 15)) - used)
         device_uuid = f"MIG-{uuid.uuid5(NAMESPACE, f'{gpu_uuid}/{profile.name}/{start}')}"
         row = SimulatedGpuInstance.objects.create(
