@@ -1,9 +1,14 @@
 from django.urls import path
 
 from sessions import views
+from sessions.gpus import views as gpu_views
 
 urlpatterns = [
     path("", views.session_list, name="session-list"),
     path("render-jobs/", views.render_job_list, name="render-job-list"),
-    path("fleet/", views.fleet, name="fleet"),
+    path("fleet/", gpu_views.fleet_overview, name="fleet"),
+    path("fleet/gpus/<int:gpu_id>/", gpu_views.fleet_gpu, name="fleet-gpu"),
+    path("fleet/gpus/<int:gpu_id>/policy/", gpu_views.fleet_gpu_policy, name="fleet-gpu-policy"),
+    path("fleet/gpus/<int:gpu_id>/layout/", gpu_views.fleet_gpu_layout, name="fleet-gpu-layout"),
+    path("fleet/gpus/<int:gpu_id>/sharing/", gpu_views.fleet_gpu_sharing, name="fleet-gpu-sharing"),
 ]

@@ -1,12 +1,10 @@
-"""Pages of the sessions app. The GPU fleet and notebook issues fill them."""
+"""Pages of the sessions app that notebook and rendering issues fill; the fleet pages are in sessions.gpus.views."""
 
 from __future__ import annotations
 
 from django.contrib.auth.decorators import login_required
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
-
-from portal.access import staff_required
 
 
 @login_required
@@ -17,8 +15,3 @@ def session_list(request: HttpRequest) -> HttpResponse:
 @login_required
 def render_job_list(request: HttpRequest) -> HttpResponse:
     return render(request, "sessions/render_job_list.html")
-
-
-@staff_required
-def fleet(request: HttpRequest) -> HttpResponse:
-    return render(request, "sessions/fleet.html")

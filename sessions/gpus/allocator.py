@@ -262,7 +262,8 @@ def gpu_capacity(gpu: Gpu) -> dict[str, int]:
     model = gpu.catalog_model
     if gpu.mig_policy == Gpu.Policy.DYNAMIC:
         return placement.capacity(model, gpu.layout())
-    busy = Slice.objects.filter(released_at__isnull=True).values("instance_id")
+    # Whole-GPU and shared slices have no instance; a NULL in NOT IN would hide every instance.
+    busy = Slice.objects.filter(released_at__isnull=True, instance__isnull=False).values("instance_id")
     counts = {profile.name: 0 for profile in model.profiles}
     for name in gpu.instances.exclude(pk__in=busy).values_list("profile", flat=True):
         counts[name] += 1

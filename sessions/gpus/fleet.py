@@ -194,5 +194,7 @@ def _destroy_instances(gpu: Gpu) -> None:
 def fleet_summary() -> list[Gpu]:
     """Every GPU with its host and active-slice count, for the operator pages."""
     return list(
-        Gpu.objects.select_related("host").annotate(in_use=Count("slices", filter=Q(slices__released_at__isnull=True)))
+        Gpu.objects.select_related("host")
+        .annotate(in_use=Count("slices", filter=Q(slices__released_at__isnull=True)))
+        .order_by("host__name", "index")
     )

@@ -6,7 +6,15 @@ import pytest
 from django.contrib.auth.models import User
 
 from sessions.gpus import fleet
-from sessions.gpus.allocator import AllocationRefused, ReleaseRefused, SliceRequest, allocate, free_capacity, release
+from sessions.gpus.allocator import (
+    AllocationRefused,
+    ReleaseRefused,
+    SliceRequest,
+    allocate,
+    free_capacity,
+    gpu_capacity,
+    release,
+)
 from sessions.gpus.models import Gpu, GpuInstance, SimulatedGpuInstance, Slice, SliceQuota
 from tests.gpus import checker
 
@@ -148,3 +156,12 @@ def test_free_capacity_counts_each_profile_alone(h200s: list[Gpu], many_slices: 
     assert free[f"{H200} 4g.71gb"] == 2
     assert free[f"{H200} 3g.71gb"] == 3
     assert free[f"{H200} 1g.18gb"] == 7 + 4
+
+
+def test_static_capacity_ignores_whole_and_shared_slices_elsewhere(h200s: list[Gpu], many_slices: User) -> None:
+    gpu = h200s[0]
+    fleet.set_policy(gpu.pk, Gpu.Policy.STATIC)
+    fleet.set_layout(gpu.pk, [("3g.71gb", 0), ("3g.71gb", 4)])
+    allocate(many_slices, SliceRequest(kind=Slice.Kind.SHARED))
+    allocate(many_slices, SliceRequest(kind=Slice.Kind.WHOLE))
+    assert gpu_capacity(Gpu.objects.get(pk=gpu.pk))["3g.71gb"] == 2

@@ -31,7 +31,9 @@ def test_nvml_product_names_map_to_catalog_models() -> None:
 
 
 def test_a_one_slice_profile_on_an_empty_gpu_keeps_the_big_positions() -> None:
-    start, _ = placement.best_start(H200, Layout(), H200.profile("1g.18gb")) or (None, 0)
+    found = placement.best_start(H200, Layout(), H200.profile("1g.18gb"))
+    assert found is not None
+    start = found[0]
     assert start not in (0, 4)  # 0 blocks the 4g, 4 blocks the second 3g
     layout = Layout().with_instance(H200.profile("1g.18gb"), start)
     assert placement.fit_count(H200, layout, H200.profile("4g.71gb")) == 1

@@ -1,0 +1,79 @@
+"""An operator walks the fleet pages in headless Chromium: overview, a GPU's layout, another GPU's slice picture."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+
+import pytest
+from django.contrib.auth.models import User
+from playwright.sync_api import Page, expect
+
+from sessions.gpus.allocator import SliceRequest, allocate
+from sessions.gpus.backends import get_backend
+from sessions.gpus.models import Gpu
+from tests.factories import PASSWORD
+from tests.gpus.conftest import use_fleet
+
+pytestmark = pytest.mark.django_db(transaction=True)
+SCREENSHOT = "artifacts/screenshots/fleet-gpu.png"
+
+
+@pytest.fixture
+def sim_fleet(settings) -> Iterator[list[Gpu]]:  # type: ignore[no-untyped-def]
+    # The daphne process runs the default simulated fleet, whose H200s are these two (same host and index),
+    # so it can create their MIG instances when the operator applies a layout.
+    settings.MAX_SLICES_PER_USER = 10
+    yield use_fleet(settings, "sim-1: 2xH200:mig, 1xA30:shared=4")
+    get_backend.cache_clear()
+
+
+def log_in(page: Page, base_url: str, username: str) -> None:
+    page.goto(base_url + "/accounts/login/")
+    page.get_by_label("Username").fill(username)
+    page.get_by_label("Password").fill(PASSWORD)
+    page.get_by_role("button", name="Log in").click()
+    expect(page.get_by_role("heading", level=1)).to_have_text("Dashboard")
+
+
+def test_an_operator_applies_a_layout_and_sees_who_holds_which_slice(
+    portal_server: str, page: Page, staff: User, alice: User, sim_fleet: list[Gpu]
+) -> None:
+    allocate(alice, SliceRequest(kind="mig", profile="3g.71gb"), holder="session:12")
+    allocate(alice, SliceRequest(kind="mig", profile="1g.18gb"), holder="render:3")
+
+    log_in(page, portal_server, "charlie")
+    page.get_by_role("navigation", name="Main").get_by_role("link", name="Fleet", exact=True).click()
+    expect(page.get_by_role("heading", level=1)).to_have_text("Fleet")
+    expect(page.locator(".badge.sim")).to_have_count(4)  # the host and its three GPUs
+    expect(page.get_by_text("no memory isolation between shares")).to_be_visible()
+    page.screenshot(path="artifacts/screenshots/fleet.png", full_page=True)
+
+    page.get_by_role("link", name="GPU 1", exact=True).click()
+    expect(page.get_by_role("heading", level=1)).to_have_text("GPU 1 on sim-1")
+    page.get_by_label("MIG policy", exact=True).select_option("static")
+    page.get_by_role("button", name="Switch policy").click()
+    expect(page.get_by_role("status").filter(has_text="now static")).to_be_visible()
+
+    page.get_by_label("Or a custom layout", exact=True).fill("3g.71gb@0, 2g.35gb@2")
+    page.get_by_role("button", name="Apply layout").click()
+    expect(page.get_by_role("form", name="Apply a static layout").get_by_role("alert")).to_contain_text(
+        "some are taken"
+    )
+
+    page.get_by_label("Or a custom layout", exact=True).fill("")
+    page.get_by_label("Preset layout", exact=True).select_option("all-balanced")
+    page.get_by_role("button", name="Apply layout").click()
+    expect(page.get_by_role("status").filter(has_text="Layout applied")).to_be_visible()
+    expect(page.locator(".mig-block.idle")).to_have_count(4)
+    page.screenshot(path="artifacts/screenshots/fleet-gpu-layout.png", full_page=True)
+
+    page.get_by_role("navigation", name="Breadcrumb").get_by_role("link", name="Fleet").click()
+    page.get_by_role("link", name="GPU 0", exact=True).click()
+    expect(page).to_have_url(re.compile(r"/sessions/fleet/gpus/\d+/$"))
+    picture = page.locator(".mig-map")
+    expect(picture.locator(".mig-block.used")).to_have_count(2)
+    expect(picture.locator(".mig-block.used").filter(has_text="3g.71gb")).to_contain_text("alice")
+    expect(picture.locator(".mig-block.used").filter(has_text="1g.18gb")).to_contain_text("render:3")
+    expect(page.get_by_text("Compute slices used: 4 of 7")).to_be_visible()
+    page.screenshot(path=SCREENSHOT, full_page=True)

@@ -1,0 +1,226 @@
+"""The operators' fleet pages: the overview, one GPU's slice picture, and the forms that change a GPU."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from django.contrib.auth.models import User
+from django.test import Client
+from django.urls import reverse
+
+from sessions.gpus.allocator import SliceRequest, allocate
+from sessions.gpus.models import Gpu, GpuHost, GpuInstance, Slice
+
+pytestmark = pytest.mark.django_db
+HTMX = {"HTTP_HX_REQUEST": "true", "HTTP_HX_TARGET": "gpu-detail"}
+
+
+@pytest.fixture
+def operator(staff: User) -> Client:
+    client = Client()
+    client.force_login(staff)
+    return client
+
+
+def detail_url(gpu: Gpu) -> str:
+    return reverse("fleet-gpu", kwargs={"gpu_id": gpu.pk})
+
+
+def change_url(gpu: Gpu, what: str) -> str:
+    return reverse(f"fleet-gpu-{what}", kwargs={"gpu_id": gpu.pk})
+
+
+def blocks(page: str) -> list[str]:
+    """The text of each block in the MIG picture, whitespace squeezed."""
+    found = re.findall(r'<div class="mig-block [^"]*"[^>]*>(.*?)</div>', page, flags=re.S)
+    return [" ".join(re.sub(r"<[^>]+>", " ", block).split()) for block in found]
+
+
+def instances(gpu: Gpu) -> list[tuple[str, int]]:
+    return list(GpuInstance.objects.filter(gpu=gpu).order_by("start").values_list("profile", "start"))
+
+
+def test_the_fleet_page_lists_every_gpu_and_marks_simulated_ones(h200s: list[Gpu], operator: Client) -> None:
+    page = operator.get(reverse("fleet")).content.decode()
+    assert "<h2 id=" in page and "sim-1</h2>" in page
+    for gpu in h200s:
+        assert f'href="{detail_url(gpu)}"' in page
+        assert f'title="{gpu.uuid}"' in page
+    assert page.count(">Simulated</span>") == 1 + len(h200s)  # the host and each of its GPUs
+    assert "H200-SXM5-141GB" in page and "A100-SXM4-80GB" in page and "A30-24GB" in page
+    assert "0 of 3 shares" in page
+
+
+def test_the_fleet_page_lists_a_hosts_gpus_in_index_order(
+    h200s: list[Gpu], many_slices: User, operator: Client
+) -> None:
+    allocate(many_slices, SliceRequest(kind="mig", profile="1g.18gb"))  # counting slices must not reorder the rows
+    page = operator.get(reverse("fleet")).content.decode()
+    by_index = sorted(h200s, key=lambda gpu: gpu.index)
+    assert [page.index(f'href="{detail_url(gpu)}"') for gpu in by_index] == sorted(
+        page.index(f'href="{detail_url(gpu)}"') for gpu in h200s
+    )
+
+
+def test_a_time_sliced_gpu_says_its_shares_have_no_memory_isolation(h200s: list[Gpu], operator: Client) -> None:
+    shared = next(gpu for gpu in h200s if gpu.sharing == Gpu.Sharing.SHARED)
+    assert "no memory isolation" in operator.get(reverse("fleet")).content.decode()
+    assert "no memory isolation" in operator.get(detail_url(shared)).content.decode()
+
+
+def test_a_missing_gpu_shows_its_state_and_why(h200s: list[Gpu], operator: Client) -> None:
+    Gpu.objects.filter(pk=h200s[2].pk).update(state=Gpu.State.MISSING, state_detail="Not found at the last discovery.")
+    page = operator.get(reverse("fleet")).content.decode()
+    assert ">missing</span>" in page
+    assert "Not found at the last discovery." in page
+
+
+def test_a_user_gets_403_and_an_anonymous_visitor_goes_to_log_in(h200s: list[Gpu], alice: User) -> None:
+    user = Client()
+    user.force_login(alice)
+    urls = [reverse("fleet"), detail_url(h200s[0])]
+    for url in urls:
+        assert user.get(url).status_code == 403
+        response = Client().get(url)
+        assert response.status_code == 302
+        assert response["Location"].startswith(reverse("login"))
+    response = user.post(change_url(h200s[0], "policy"), {"policy": "static"})
+    assert response.status_code == 403
+    assert Gpu.objects.get(pk=h200s[0].pk).mig_policy == Gpu.Policy.DYNAMIC
+
+
+def test_the_picture_shows_a_block_per_instance_with_its_profile_and_owner(
+    h200s: list[Gpu], many_slices: User, operator: Client
+) -> None:
+    taken = allocate(many_slices, SliceRequest(kind="mig", profile="3g.71gb"), holder="session:7")
+    page = operator.get(detail_url(taken.gpu)).content.decode()
+    start = taken.placement_start
+    assert start is not None
+    end = start + 3
+    assert f"grid-column: {start + 1} / span 4" in page
+    assert blocks(page).count("3g.71gb alice session:7") == 1
+    assert blocks(page).count("free") == 4  # the other half of the GPU, one cell per memory slice
+    assert f"<td>{start} to {end}</td>" in page  # the table that describes the picture to screen readers
+    assert "Compute slices used: 3 of 7" in page
+    assert 'value="3"' in page
+    assert taken.device_uuid in page
+
+
+def test_how_many_more_fit_comes_from_the_allocator(h200s: list[Gpu], many_slices: User, operator: Client) -> None:
+    taken = allocate(many_slices, SliceRequest(kind="mig", profile="3g.71gb"))
+    page = operator.get(detail_url(taken.gpu)).content.decode()
+    assert re.search(r'<th scope="row">3g.71gb</th>[^\n]*<strong>1</strong>', page)
+    assert re.search(r'<th scope="row">7g.141gb</th>[^\n]*<strong>0</strong>', page)
+    assert re.search(r'<th scope="row">1g.18gb</th>[^\n]*<strong>4</strong>', page)
+
+
+def test_a_preset_layout_is_applied_after_switching_to_static(h200s: list[Gpu], operator: Client) -> None:
+    gpu = h200s[0]
+    response = operator.post(change_url(gpu, "policy"), {"policy": "static"}, follow=True)
+    assert "The MIG policy is now static layout." in response.content.decode()
+    response = operator.post(change_url(gpu, "layout"), {"preset": "all-balanced", "layout_text": ""})
+    assert response.status_code == 302
+    assert response["Location"] == detail_url(gpu)
+    assert instances(gpu) == [("2g.35gb", 0), ("1g.18gb", 2), ("1g.18gb", 3), ("3g.71gb", 4)]
+    page = operator.get(detail_url(gpu)).content.decode()
+    assert "Layout applied: 2g.35gb@0, 1g.18gb@2, 1g.18gb@3, 3g.71gb@4." in page
+    assert blocks(page) == [
+        "2g.35gb ready, unused",
+        "1g.18gb ready, unused",
+        "1g.18gb ready, unused",
+        "3g.71gb ready, unused",
+    ]
+
+
+def test_a_custom_layout_is_parsed_and_applied(h200s: list[Gpu], operator: Client) -> None:
+    gpu = h200s[0]
+    operator.post(change_url(gpu, "policy"), {"policy": "static"})
+    operator.post(change_url(gpu, "layout"), {"layout_text": "3g.71gb@4, 2g.35gb@0, 1g.18gb@2"})
+    assert instances(gpu) == [("2g.35gb", 0), ("1g.18gb", 2), ("3g.71gb", 4)]
+
+
+def test_an_overlapping_custom_layout_is_refused_with_the_reason_and_nothing_changes(
+    h200s: list[Gpu], operator: Client
+) -> None:
+    gpu = h200s[0]
+    operator.post(change_url(gpu, "policy"), {"policy": "static"})
+    operator.post(change_url(gpu, "layout"), {"preset": "all-3g"})
+    before = instances(gpu)
+    response = operator.post(change_url(gpu, "layout"), {"layout_text": "3g.71gb@0, 2g.35gb@2"})
+    page = response.content.decode()
+    assert response.status_code == 200
+    assert "Nothing was changed." in page
+    assert "2g.35gb at 2 needs memory slices 2-3, and some are taken." in page
+    assert 'value="3g.71gb@0, 2g.35gb@2"' in page  # the operator's text stays in the form to fix
+    assert instances(gpu) == before == [("3g.71gb", 0), ("3g.71gb", 4)]
+
+
+def test_a_layout_that_does_not_parse_says_what_is_wrong(h200s: list[Gpu], operator: Client) -> None:
+    gpu = h200s[0]
+    operator.post(change_url(gpu, "policy"), {"policy": "static"})
+    page = operator.post(change_url(gpu, "layout"), {"layout_text": "3g.71gb"}).content.decode()
+    assert "&#x27;3g.71gb&#x27; is not PROFILE@START, e.g. 3g.71gb@4" in page
+    assert instances(gpu) == []
+
+
+def test_a_layout_is_refused_on_a_dynamic_gpu(h200s: list[Gpu], operator: Client) -> None:
+    page = operator.post(change_url(h200s[0], "layout"), {"preset": "all-7g"}).content.decode()
+    assert "Layouts apply to MIG GPUs with the static policy; switch the policy first." in page
+    assert instances(h200s[0]) == []
+
+
+def test_a_layout_the_backend_cannot_make_is_refused_with_its_reason(h200s: list[Gpu], operator: Client) -> None:
+    gpu = h200s[0]
+    operator.post(change_url(gpu, "policy"), {"policy": "static"})
+    GpuHost.objects.filter(pk=gpu.host_id).update(backend=GpuHost.Backend.NVML)  # a host this process cannot reach
+    page = operator.post(change_url(gpu, "layout"), {"preset": "all-7g"}).content.decode()
+    assert "this process runs the simulated backend and cannot manage a nvml host" in page
+    assert instances(gpu) == []
+
+
+def test_the_policy_cannot_be_switched_while_a_slice_is_in_use(
+    h200s: list[Gpu], many_slices: User, operator: Client
+) -> None:
+    taken = allocate(many_slices, SliceRequest(kind="mig", profile="3g.71gb"))
+    page = operator.post(change_url(taken.gpu, "policy"), {"policy": "static"}).content.decode()
+    assert "1 slice(s) on this GPU are in use; change it once they have ended." in page
+    assert Gpu.objects.get(pk=taken.gpu_id).mig_policy == Gpu.Policy.DYNAMIC
+    assert Slice.objects.get(pk=taken.pk).active
+
+
+def test_a_time_sliced_gpu_takes_a_new_share_limit_and_refuses_a_bad_one(h200s: list[Gpu], operator: Client) -> None:
+    shared = next(gpu for gpu in h200s if gpu.sharing == Gpu.Sharing.SHARED)
+    operator.post(change_url(shared, "sharing"), {"sharing": "shared", "share_limit": "6"})
+    assert Gpu.objects.get(pk=shared.pk).share_limit == 6
+    page = operator.post(change_url(shared, "sharing"), {"sharing": "shared", "share_limit": "1"}).content.decode()
+    assert "A time-sliced GPU takes 2 to 64 sessions." in page
+    assert Gpu.objects.get(pk=shared.pk).share_limit == 6
+
+
+def test_a_whole_gpu_can_become_time_sliced(h200s: list[Gpu], operator: Client) -> None:
+    whole = next(gpu for gpu in h200s if gpu.sharing == Gpu.Sharing.WHOLE)
+    response = operator.post(change_url(whole, "sharing"), {"sharing": "shared", "share_limit": "4"}, follow=True)
+    assert "Now time-sliced: up to 4 sessions at once." in response.content.decode()
+    assert Gpu.objects.get(pk=whole.pk).sharing == Gpu.Sharing.SHARED
+
+
+def test_an_htmx_request_gets_only_the_gpu_region(h200s: list[Gpu], operator: Client) -> None:
+    gpu = h200s[0]
+    page = operator.get(detail_url(gpu), **HTMX).content.decode()  # type: ignore[arg-type]
+    assert "<html" not in page
+    assert 'class="mig-map"' in page
+    response = operator.post(change_url(gpu, "policy"), {"policy": "static"}, **HTMX)  # type: ignore[arg-type]
+    page = response.content.decode()
+    assert response.status_code == 200
+    assert "<html" not in page
+    assert "The MIG policy is now static layout." in page
+    refused = operator.post(change_url(gpu, "layout"), {"layout_text": "3g.71gb@1"}, **HTMX)  # type: ignore[arg-type]
+    assert "<html" not in refused.content.decode()
+    assert "3g.71gb cannot start at memory slice 1; it may start at 0, 4." in refused.content.decode()
+
+
+def test_an_htmx_poll_of_the_fleet_gets_only_the_hosts(h200s: list[Gpu], operator: Client) -> None:
+    page = operator.get(reverse("fleet"), HTTP_HX_REQUEST="true", HTTP_HX_TARGET="fleet-hosts").content.decode()
+    assert "<html" not in page
+    assert 'id="fleet-hosts"' in page
