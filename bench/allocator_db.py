@@ -24,7 +24,6 @@ from bench.report import percentile  # noqa: E402
 from sessions.gpus import placement  # noqa: E402
 from sessions.gpus.allocator import AllocationRefused, SliceRequest, allocate, release  # noqa: E402
 from sessions.gpus.fleet import sync_fleet  # noqa: E402
-from sessions.gpus.models import SliceQuota  # noqa: E402
 
 PROFILES = ["1g.18gb"] * 8 + ["1g.35gb", "2g.35gb"] * 4 + ["3g.71gb"] * 2 + ["4g.71gb", "7g.141gb"]
 
@@ -32,14 +31,15 @@ PROFILES = ["1g.18gb"] * 8 + ["1g.35gb", "2g.35gb"] * 4 + ["3g.71gb"] * 2 + ["4g
 def main(pairs: int, seed: int) -> None:
     call_command("migrate", verbosity=0)
     sync_fleet()
+    # Other people hold the fill, a few slices each, as in a real fleet; the timed user holds none.
+    tenants = [User.objects.create_user(f"tenant{n}") for n in range(500)]
     owner = User.objects.create_user("bench")
-    SliceQuota.objects.create(user=owner, max_slices=30000)
     rng = random.Random(seed)
     gpus = sync_fleet()[0].gpus.count()
     fill = []
-    for _ in range(2 * gpus):  # about half the fleet's compute, then some churn holes
+    for number in range(2 * gpus):  # about half the fleet's compute, then some churn holes
         try:
-            fill.append(allocate(owner, SliceRequest("mig", rng.choice(PROFILES))))
+            fill.append(allocate(tenants[number % len(tenants)], SliceRequest("mig", rng.choice(PROFILES))))
         except AllocationRefused:
             continue
     for taken in rng.sample(fill, len(fill) // 3):

@@ -29,6 +29,9 @@ log = logging.getLogger(__name__)
 Rule = Callable[[GpuModel, Sequence[tuple[Any, Layout]], Profile], tuple[Any, int] | None]
 
 
+LAYOUT_FIELDS = ("memory_mask", "compute_used", "profile_counts", "layout_key")
+
+
 @dataclass(frozen=True)
 class SliceRequest:
     """What someone asks for: a MIG profile, a whole GPU or a time-sliced share, optionally on a model or host."""
@@ -125,9 +128,6 @@ def _take_layout_instance(owner: User, gpus: QuerySet[Gpu], profile: Profile, ho
     return _record(owner, gpu, instance, profile, holder)
 
 
-LAYOUT_FIELDS = ("memory_mask", "compute_used", "profile_counts")
-
-
 def _place(
     owner: User, request: SliceRequest, model: GpuModel, profile: Profile, holder: str, rule: Rule
 ) -> Slice | None:
@@ -139,29 +139,29 @@ def _place(
     room = model.compute_slices - profile.compute_slices
     gpus = _gpus(request, Gpu.Sharing.MIG).filter(model_name=model.name)
     fitting = gpus.filter(Q(mig_policy=Gpu.Policy.STATIC) | Q(compute_used__lte=room))
-    groups = fitting.values("mig_policy", *LAYOUT_FIELDS).annotate(first_id=Min("id")).order_by("first_id")
+    groups = fitting.values("mig_policy", "layout_key").annotate(first_id=Min("id")).order_by("first_id")
     for _attempt in range(20):
         found = list(groups)
         if any(group["mig_policy"] == Gpu.Policy.STATIC for group in found):
             taken = _take_layout_instance(owner, gpus, profile, holder)
             if taken:
                 return taken
-        candidates = [(group, _layout(group)) for group in found if group["mig_policy"] == Gpu.Policy.DYNAMIC]
+        candidates = [
+            (group, Layout.from_key(group["layout_key"]))
+            for group in found
+            if group["mig_policy"] == Gpu.Policy.DYNAMIC
+        ]
         choice = rule(model, candidates, profile)
         if choice is None:
             return None
         group, start = choice
-        same = gpus.filter(mig_policy=Gpu.Policy.DYNAMIC, **{f: group[f] for f in LAYOUT_FIELDS})
+        same = gpus.filter(mig_policy=Gpu.Policy.DYNAMIC, layout_key=group["layout_key"])
         same = same.select_for_update(skip_locked=True).select_related("host")
         # Try the group's first GPU by key; only if a parallel request holds it, look for its twins.
         locked = same.filter(pk=group["first_id"]).first() or same.order_by("id").first()
         if locked is not None:
             return _place_on(owner, locked, model, profile, start, holder)
     return None  # every GPU we chose was taken by parallel requests; the caller reports no capacity
-
-
-def _layout(group: dict[str, Any]) -> Layout:
-    return Layout(group["memory_mask"], group["compute_used"], tuple(sorted(group["profile_counts"].items())))
 
 
 def _place_on(owner: User, gpu: Gpu, model: GpuModel, profile: Profile, start: int, holder: str) -> Slice:
@@ -179,7 +179,7 @@ def _place_on(owner: User, gpu: Gpu, model: GpuModel, profile: Profile, start: i
     )
     gpu.set_layout(layout.with_instance(profile, start))
     gpu.active_slices += 1
-    gpu.save(update_fields=["memory_mask", "compute_used", "profile_counts", "active_slices"])
+    gpu.save(update_fields=[*LAYOUT_FIELDS, "active_slices"])
     return _record(owner, gpu, instance, profile, holder)
 
 
@@ -241,7 +241,7 @@ def release(slice_id: int, by: User | None = None, reason: str = "released") -> 
             gpu.set_layout(gpu.layout().without_instance(gpu.catalog_model.profile(instance.profile), instance.start))
             instance.delete()
         gpu.active_slices -= 1
-        gpu.save(update_fields=["memory_mask", "compute_used", "profile_counts", "active_slices"])
+        gpu.save(update_fields=[*LAYOUT_FIELDS, "active_slices"])
         return taken
 
 

@@ -71,11 +71,19 @@ class Gpu(models.Model):
     memory_mask = models.PositiveIntegerField(default=0)
     compute_used = models.PositiveSmallIntegerField(default=0)
     profile_counts = models.JSONField(default=dict)
+    layout_key = models.CharField(max_length=200, default="0:0:", help_text="The three fields above as one text.")
     active_slices = models.PositiveIntegerField(default=0)
 
     class Meta:
         ordering = ["host__name", "index"]
         constraints = [models.UniqueConstraint(fields=["host", "index"], name="gpu_unique_index_per_host")]
+        # The allocator groups placeable GPUs by layout: this index answers that from the index alone.
+        indexes = [
+            models.Index(
+                fields=["model_name", "sharing", "state", "mig_policy", "compute_used", "layout_key", "id"],
+                name="gpu_placement_idx",
+            )
+        ]
 
     def __str__(self) -> str:
         return f"{self.host.name} GPU {self.index} ({self.model_name})"
@@ -99,6 +107,7 @@ class Gpu(models.Model):
         self.memory_mask = layout.memory_mask
         self.compute_used = layout.compute_used
         self.profile_counts = dict(layout.counts)
+        self.layout_key = layout.key
 
 
 class GpuInstance(models.Model):

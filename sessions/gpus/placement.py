@@ -27,6 +27,18 @@ class Layout:
     def count(self, profile: str) -> int:
         return dict(self.counts).get(profile, 0)
 
+    @property
+    def key(self) -> str:
+        """A short text naming this layout exactly, e.g. '240:3:3g.71gb=1' (mask:compute:counts)."""
+        counts = ",".join(f"{name}={count}" for name, count in self.counts)
+        return f"{self.memory_mask}:{self.compute_used}:{counts}"
+
+    @classmethod
+    def from_key(cls, key: str) -> Layout:
+        mask, compute, counts = key.split(":", 2)
+        pairs = [item.split("=") for item in counts.split(",") if item]
+        return cls(int(mask), int(compute), tuple(sorted((name, int(count)) for name, count in pairs)))
+
     def with_instance(self, profile: Profile, start: int) -> Layout:
         counts = dict(self.counts)
         counts[profile.name] = counts.get(profile.name, 0) + 1

@@ -47,6 +47,7 @@ def test_parallel_requests_never_overlap_or_overfill(settings) -> None:  # type:
     assert all(code == "no_capacity" for result in results for code in result["refused"])
     assert checker.problems() == []
     for gpu in Gpu.objects.all():
+        assert gpu.layout_key == gpu.layout().key
         recorded = (gpu.layout(), gpu.active_slices)
         recount(gpu)
         assert (gpu.layout(), gpu.active_slices) == recorded, "bookkeeping drifted from the instances"

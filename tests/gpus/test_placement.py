@@ -68,3 +68,10 @@ def test_releasing_undoes_placing_exactly() -> None:
     profile = H200.profile("2g.35gb")
     before = placement.layout_of(H200, [("1g.18gb", 6)])
     assert before.with_instance(profile, 2).without_instance(profile, 2) == before
+
+
+def test_a_layouts_key_names_it_exactly() -> None:
+    layout = placement.layout_of(H200, [("3g.71gb", 4), ("1g.18gb", 3), ("1g.18gb", 2)])
+    assert layout.key == "252:5:1g.18gb=2,3g.71gb=1"
+    assert Layout.from_key(layout.key) == layout
+    assert Layout.from_key(Layout().key) == Layout()
