@@ -167,16 +167,7 @@ def _place(
 def _place_on(owner: User, gpu: Gpu, model: GpuModel, profile: Profile, start: int, holder: str) -> Slice:
     layout = gpu.layout()
     made = backend_for_host(gpu.host.backend).create_instance(gpu.uuid, profile, start)
-    instance = GpuInstance.objects.create(
-        gpu=gpu,
-        profile=profile.name,
-        start=start,
-        size=made.size,
-        gi_id=made.gi_id,
-        ci_id=made.ci_id,
-        device_uuid=made.device_uuid,
-        origin=GpuInstance.Origin.DYNAMIC,
-    )
+    instance = GpuInstance.record(gpu, made, GpuInstance.Origin.DYNAMIC)
     gpu.set_layout(layout.with_instance(profile, start))
     gpu.active_slices += 1
     gpu.save(update_fields=[*LAYOUT_FIELDS, "active_slices"])

@@ -89,16 +89,7 @@ def _sync_instances(gpu: Gpu, found: FoundGpu) -> None:
     known = set(gpu.instances.values_list("device_uuid", flat=True))
     for device_uuid, instance in on_device.items():
         if device_uuid not in known:
-            GpuInstance.objects.create(
-                gpu=gpu,
-                profile=instance.profile,
-                start=instance.start,
-                size=instance.size,
-                gi_id=instance.gi_id,
-                ci_id=instance.ci_id,
-                device_uuid=device_uuid,
-                origin=GpuInstance.Origin.LAYOUT,
-            )
+            GpuInstance.record(gpu, instance, GpuInstance.Origin.LAYOUT)
     recount(gpu)
 
 
@@ -150,16 +141,8 @@ def set_layout(gpu_id: int, layout: list[tuple[str, int]]) -> Gpu:
     _destroy_instances(gpu)
     backend = backend_for_host(gpu.host.backend)
     for name, start in sorted(layout, key=lambda item: item[1]):
-        made = backend.create_instance(gpu.uuid, model.profile(name), start)
-        GpuInstance.objects.create(
-            gpu=gpu,
-            profile=name,
-            start=start,
-            size=made.size,
-            gi_id=made.gi_id,
-            ci_id=made.ci_id,
-            device_uuid=made.device_uuid,
-            origin=GpuInstance.Origin.LAYOUT,
+        GpuInstance.record(
+            gpu, backend.create_instance(gpu.uuid, model.profile(name), start), GpuInstance.Origin.LAYOUT
         )
     recount(gpu)
     gpu.save()

@@ -13,6 +13,7 @@ from django.db import models
 from django.db.models import Q
 
 from sessions.gpus import catalog
+from sessions.gpus.backends.base import FoundInstance
 from sessions.gpus.placement import Layout
 
 
@@ -132,6 +133,20 @@ class GpuInstance(models.Model):
 
     def __str__(self) -> str:
         return f"{self.profile}@{self.start} on {self.gpu}"
+
+    @classmethod
+    def record(cls, gpu: Gpu, found: FoundInstance, origin: str) -> GpuInstance:
+        """Record an instance the backend created or found on ``gpu``."""
+        return cls.objects.create(
+            gpu=gpu,
+            profile=found.profile,
+            start=found.start,
+            size=found.size,
+            gi_id=found.gi_id,
+            ci_id=found.ci_id,
+            device_uuid=found.device_uuid,
+            origin=origin,
+        )
 
 
 class Slice(models.Model):
