@@ -54,11 +54,6 @@ class ReleaseRefused(Exception):
     pass
 
 
-def slice_limit(user: User) -> int:
-    quota = SliceQuota.objects.filter(user=user).first()
-    return quota.max_slices if quota else int(settings.MAX_SLICES_PER_USER)
-
-
 def allocate(owner: User, request: SliceRequest, holder: str = "", rule: Rule = placement.choose) -> Slice:
     with transaction.atomic():
         _check_limit(owner)

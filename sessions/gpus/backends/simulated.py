@@ -135,20 +135,24 @@ class SimulatedBackend:
         except KeyError:
             raise BackendError(f"no simulated GPU {gpu_uuid}", code="not_found") from None
 
-    def _layout(self, gpu_uuid: str) -> Layout:
+    def _state(self, gpu_uuid: str) -> tuple[Layout, set[int]]:
+        """The simulated device's MIG layout and the GPU-instance ids in use, in one query."""
         from sessions.gpus.models import SimulatedGpuInstance
 
-        spec = self._spec(gpu_uuid)
-        layout = Layout()
-        for row in SimulatedGpuInstance.objects.filter(gpu_uuid=gpu_uuid):
-            layout = layout.with_instance(spec.model.profile(row.profile), row.start)
-        return layout
+        model = self._spec(gpu_uuid).model
+        layout, used = Layout(), set()
+        for gi_id, name, start in SimulatedGpuInstance.objects.filter(gpu_uuid=gpu_uuid).values_list(
+            "gi_id", "profile", "start"
+        ):
+            layout = layout.with_instance(model.profile(name), start)
+            used.add(gi_id)
+        return layout, used
 
     def possible_starts(self, gpu_uuid: str, profile: Profile) -> list[int]:
         spec = self._spec(gpu_uuid)
         if spec.sharing != "mig":
             return []
-        return free_starts(spec.model, self._layout(gpu_uuid), profile)
+        return free_starts(spec.model, self._state(gpu_uuid)[0], profile)
 
     def create_instance(self, gpu_uuid: str, profile: Profile, start: int) -> FoundInstance:
         from sessions.gpus.models import SimulatedGpuInstance
@@ -156,14 +160,10 @@ class SimulatedBackend:
         spec = self._spec(gpu_uuid)
         if spec.sharing != "mig":
             raise BackendError(f"MIG mode is off on {gpu_uuid}", code="not_supported")
-        rows = list(SimulatedGpuInstance.objects.filter(gpu_uuid=gpu_uuid).values_list("gi_id", "profile", "start"))
-        layout = Layout()
-        for _, name, at in rows:
-            layout = layout.with_instance(spec.model.profile(name), at)
+        layout, used = self._state(gpu_uuid)
         problem = why_not(spec.model, layout, profile, start)
         if problem:
             raise BackendError(problem, code="insufficient_resources")
-        used = {gi_id for gi_id, _, _ in rows}
         gi_id = min(set(range(1, 15)) - used)
         device_uuid = f"MIG-{uuid.uuid5(NAMESPACE, f'{gpu_uuid}/{profile.name}/{start}')}"
         row = SimulatedGpuInstance.objects.create(
