@@ -17,6 +17,7 @@ import django_stubs_ext
 from django.core.exceptions import ImproperlyConfigured
 
 from portal.env import Env
+from portal.sso.keys import signing_key
 
 django_stubs_ext.monkeypatch()
 env = Env()
@@ -91,6 +92,7 @@ INSTALLED_APPS = [
     "django_htmx",
     "template_partials.apps.SimpleAppConfig",
     "axes",
+    "oauth2_provider",
     "portal",
     "sessions.apps.GpuSessionsConfig",
     "billing",
@@ -274,6 +276,22 @@ def _check_fleet() -> None:
 
 
 _check_fleet()
+
+# Single sign-on: the portal is the OpenID provider JupyterHub logs people in through.
+PUBLIC_URL = env.text("PORTAL_PUBLIC_URL", "http://127.0.0.1:8000").rstrip("/")
+if not PUBLIC_URL.startswith(("http://", "https://")):
+    raise ImproperlyConfigured(f"PORTAL_PUBLIC_URL must start with http:// or https:// (got {PUBLIC_URL!r}).")
+HUB_OAUTH_CALLBACK_URL = env.text("PORTAL_HUB_OAUTH_CALLBACK_URL", f"{PUBLIC_URL}/jupyter/hub/oauth_callback")
+OAUTH2_PROVIDER = {
+    "OIDC_ENABLED": True,
+    # Fixed, not taken from each request's Host: the hub also calls the portal directly.
+    "OIDC_ISS_ENDPOINT": f"{PUBLIC_URL}/o",
+    "OIDC_RSA_PRIVATE_KEY": signing_key(DATA_DIR, env.text("PORTAL_OIDC_RSA_PRIVATE_KEY", "")),
+    "OAUTH2_VALIDATOR_CLASS": "portal.sso.validators.PortalOAuth2Validator",
+    "SCOPES": {"openid": "Sign you in", "profile": "Your user name and name"},
+    "PKCE_REQUIRED": True,
+    "ACCESS_TOKEN_EXPIRE_SECONDS": 3600,
+}
 
 LOG_LEVELS = ["DEBUG", "INFO", "WARNING", "ERROR"]
 LOG_LEVEL = env.choice(
