@@ -16,6 +16,7 @@ import dj_database_url
 import django_stubs_ext
 from django.core.exceptions import ImproperlyConfigured
 
+from portal.datafiles import secret_file
 from portal.env import Env
 from portal.sso.keys import signing_key
 
@@ -32,12 +33,7 @@ def _secret_key() -> str:
         if len(given) < 32:
             raise ImproperlyConfigured("PORTAL_SECRET_KEY must be at least 32 characters long.")
         return given
-    key_file = DATA_DIR / "secret_key"
-    if not key_file.exists():
-        DATA_DIR.mkdir(parents=True, exist_ok=True)
-        key_file.touch(mode=0o600)
-        key_file.write_text(secrets.token_urlsafe(50))
-    return key_file.read_text().strip()
+    return secret_file(DATA_DIR / "secret_key", lambda: secrets.token_urlsafe(50))
 
 
 def _database() -> dict[str, object]:
@@ -292,6 +288,13 @@ OAUTH2_PROVIDER = {
     "PKCE_REQUIRED": True,
     "ACCESS_TOKEN_EXPIRE_SECONDS": 3600,
 }
+
+# JupyterHub: where the portal reaches its REST API, and the token it shares with the hub
+# (the portal's service token there, and what the spawner shows the portal's internal API).
+HUB_API_URL = env.text("PORTAL_HUB_API_URL", "http://127.0.0.1:8081/jupyter/hub/api")
+HUB_SERVICE_TOKEN = env.text("PORTAL_HUB_SERVICE_TOKEN", "") or secret_file(DATA_DIR / "hub_service_token")
+NOTEBOOK_NETWORK = env.text("PORTAL_NOTEBOOK_NETWORK", "bridge")
+MAX_SESSIONS_PER_USER = env.integer("PORTAL_MAX_SESSIONS_PER_USER", 3, minimum=1)
 
 LOG_LEVELS = ["DEBUG", "INFO", "WARNING", "ERROR"]
 LOG_LEVEL = env.choice(

@@ -23,6 +23,7 @@ urlpatterns = [
     path("accounts/", include("django.contrib.auth.urls")),
     path("sessions/", include("sessions.urls")),
     path("billing/", include("billing.urls")),
+    path("internal/notebooks/", include("sessions.notebooks.urls")),
     path("o/", include("oauth2_provider.urls", namespace="oauth2_provider")),
     path("admin/", admin.site.urls),
 ]

@@ -11,3 +11,11 @@ from sessions.gpus.fleet import sync_fleet
 def sync_gpus() -> int:
     """Re-discover GPUs, so a GPU that vanished or came back shows on the fleet page."""
     return sum(host.gpus.count() for host in sync_fleet())
+
+
+@shared_task
+def start_notebook(session_id: int) -> None:
+    """Ask JupyterHub to start a session's server (enqueued when the session is committed)."""
+    from sessions.notebooks.services import ask_hub_to_start
+
+    ask_hub_to_start(session_id)

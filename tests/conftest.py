@@ -21,6 +21,7 @@ from tests.helpers import processes
 ROOT = Path(__file__).resolve().parents[1]
 ARTIFACTS = ROOT / "artifacts"
 RUN_ID = uuid.uuid4().hex[:8]
+STACK = {name: processes.free_port() for name in ("public", "portal", "hub", "proxy_api")}
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -31,6 +32,14 @@ def pytest_configure(config: pytest.Config) -> None:
     from portal.celery import app
 
     app.conf.task_default_queue = settings.CELERY_TASK_DEFAULT_QUEUE
+    # One public address for this run (the proxy), the portal behind it and the hub: every
+    # helper process gets the same through processes.child_env().
+    public = f"http://127.0.0.1:{STACK['public']}"
+    settings.PUBLIC_URL = public
+    settings.HUB_OAUTH_CALLBACK_URL = f"{public}/jupyter/hub/oauth_callback"
+    settings.OAUTH2_PROVIDER["OIDC_ISS_ENDPOINT"] = f"{public}/o"
+    settings.HUB_API_URL = f"http://127.0.0.1:{STACK['hub']}/jupyter/hub/api"
+    settings.NOTEBOOK_NETWORK = "host"
     # The manifest storage needs collected static files, as in production.
     call_command("collectstatic", interactive=False, verbosity=0)
     (ARTIFACTS / "logs").mkdir(parents=True, exist_ok=True)
@@ -90,9 +99,8 @@ def celery_worker(django_db_setup: None, django_db_blocker: object) -> Iterator[
 @pytest.fixture(scope="session")
 def portal_server(django_db_setup: None, django_db_blocker: object) -> Iterator[str]:
     """The portal under daphne, as the run command starts it; yields its base URL."""
-    port = processes.free_port()
-    process = processes.start_daphne(port, ARTIFACTS / "logs" / "daphne.log")
-    yield f"http://127.0.0.1:{port}"
+    process = processes.start_daphne(STACK["portal"], ARTIFACTS / "logs" / "daphne.log")
+    yield f"http://127.0.0.1:{STACK['portal']}"
     processes.stop(process)
 
 
@@ -122,3 +130,24 @@ def docker_engine() -> str:
         pytest.fail(f"no Docker engine: {result.stderr.strip()}")
     subprocess.run([str(ROOT / "compose/bin/build-busybox-image")], check=True)
     return os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
+
+
+@pytest.fixture(scope="session")
+def hub(
+    portal_server: str, celery_worker: str, docker_engine: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[str]:
+    """JupyterHub and configurable-http-proxy in front of the portal; yields the public address."""
+    from portal.datafiles import secret_file
+    from portal.sso.clients import hub_secret_path
+    from sessions.runtime.docker import DockerRuntime
+
+    subprocess.run([str(ROOT / "compose/bin/ensure-proxy")], check=True)
+    subprocess.run([str(ROOT / "compose/bin/build-notebook-image")], check=True)
+    secret_file(hub_secret_path())
+    data = tmp_path_factory.mktemp("hub")
+    process = processes.start_hub(STACK, data, ARTIFACTS / "logs" / "jupyterhub.log")
+    yield f"http://127.0.0.1:{STACK['public']}"
+    processes.stop(process)
+    runtime = DockerRuntime()
+    for container_id in runtime.containers_for("session"):
+        runtime.remove(container_id)

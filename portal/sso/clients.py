@@ -7,11 +7,12 @@ hub to read, and the application row is updated to match it.
 
 from __future__ import annotations
 
-import secrets
 from pathlib import Path
 
 from django.conf import settings
 from oauth2_provider.models import get_application_model
+
+from portal.datafiles import secret_file
 
 HUB_CLIENT_ID = "jupyterhub"
 
@@ -22,12 +23,7 @@ def hub_secret_path() -> Path:
 
 def register_hub_client() -> tuple[str, str]:
     """Create or update the hub's application; returns (client id, plain secret)."""
-    path = hub_secret_path()
-    if not path.exists():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.touch(mode=0o600)
-        path.write_text(secrets.token_urlsafe(40))
-    secret = path.read_text().strip()
+    secret = secret_file(hub_secret_path())
     Application = get_application_model()
     application = Application.objects.filter(client_id=HUB_CLIENT_ID).first() or Application(client_id=HUB_CLIENT_ID)
     application.name = "JupyterHub"

@@ -7,18 +7,15 @@ from pathlib import Path
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 
+from portal.datafiles import secret_file
+
+
+def _new_key() -> str:
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    return pem.decode()
+
 
 def signing_key(data_dir: Path, given: str = "") -> str:
-    """PEM text of the private key; a file made with mode 600 the first time, like the secret key."""
-    if given:
-        return given
-    path = data_dir / "oidc_rsa_key.pem"
-    if not path.exists():
-        data_dir.mkdir(parents=True, exist_ok=True)
-        key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
-        pem = key.private_bytes(
-            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
-        )
-        path.touch(mode=0o600)
-        path.write_bytes(pem)
-    return path.read_text()
+    """PEM text of the private key that signs ID tokens."""
+    return given or secret_file(data_dir / "oidc_rsa_key.pem", _new_key)

@@ -111,6 +111,13 @@ class DockerRuntime:
         except NotFound:
             return
 
-    def containers_for(self, label: str, value: str) -> list[str]:
-        found = self.client.containers.list(all=True, filters={"label": f"{LABEL_PREFIX}.{label}={value}"})
+    def containers_for(self, label: str, value: str | None = None) -> list[str]:
+        """Ids of our containers carrying a label (with this value, if one is given)."""
+        wanted = f"{LABEL_PREFIX}.{label}" if value is None else f"{LABEL_PREFIX}.{label}={value}"
+        found = self.client.containers.list(all=True, filters={"label": wanted})
         return [str(container.id) for container in found]
+
+    def run_in(self, container_id: str, command: list[str]) -> str:
+        """Run a command inside a running container and return what it printed."""
+        result = self.client.containers.get(container_id).exec_run(command)
+        return bytes(result.output).decode(errors="replace")

@@ -44,6 +44,11 @@ def child_env(**extra: str) -> dict[str, str]:
         PORTAL_CHANNEL_PREFIX=str(settings.CHANNEL_LAYERS["default"]["CONFIG"]["prefix"]),  # type: ignore[index]
         PORTAL_DATA_DIR=str(settings.DATA_DIR),
         PORTAL_SECURE_COOKIES=os.environ.get("PORTAL_SECURE_COOKIES", "true"),
+        PORTAL_PUBLIC_URL=settings.PUBLIC_URL,
+        PORTAL_HUB_OAUTH_CALLBACK_URL=settings.HUB_OAUTH_CALLBACK_URL,
+        PORTAL_HUB_API_URL=settings.HUB_API_URL,
+        PORTAL_HUB_SERVICE_TOKEN=settings.HUB_SERVICE_TOKEN,
+        PORTAL_NOTEBOOK_NETWORK=settings.NOTEBOOK_NETWORK,
     )
     env.update(extra)
     return env
@@ -133,6 +138,40 @@ def start_celery_worker(name: str, log_path: Path) -> subprocess.Popen[bytes]:
 
     try:
         wait_until(answers, 60, "celery worker", process)
+    except Exception:
+        stop(process)
+        raise
+    return process
+
+
+def start_hub(stack: dict[str, int], data_dir: Path, log_path: Path) -> subprocess.Popen[bytes]:
+    """JupyterHub with our config; it starts configurable-http-proxy on the public port itself."""
+    log = log_path.open("ab")
+    env = child_env(
+        PORTAL_INTERNAL_URL=f"http://127.0.0.1:{stack['portal']}",
+        PORTAL_HUB_PORT=str(stack["hub"]),
+        PORTAL_PROXY_API_PORT=str(stack["proxy_api"]),
+        PORTAL_HUB_DATA_DIR=str(data_dir),
+        PYTHONPATH=str(ROOT),
+    )
+    process = subprocess.Popen(
+        [str(BIN / "jupyterhub"), "-f", str(ROOT / "compose/hub/jupyterhub_config.py")],
+        cwd=data_dir,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+
+    def answers() -> bool:
+        try:
+            url = f"http://127.0.0.1:{stack['public']}/jupyter/hub/api/"
+            with urllib.request.urlopen(url, timeout=1) as response:
+                return bool(response.status == 200)
+        except OSError:
+            return False
+
+    try:
+        wait_until(answers, 60, "jupyterhub", process)
     except Exception:
         stop(process)
         raise

@@ -1,0 +1,73 @@
+# JupyterHub for the GPU portal: reached through configurable-http-proxy under /jupyter/,
+# people log in through the portal (OpenID), servers start through our spawner.
+# Every address and secret comes from the environment the run command (or a test) sets.
+import os
+from pathlib import Path
+
+c = get_config()  # type: ignore[name-defined]  # noqa: F821
+
+ROOT = Path(__file__).resolve().parents[2]
+DATA = Path(os.environ.get("PORTAL_DATA_DIR", ROOT / "var")).resolve()
+HUB_DATA = Path(os.environ.get("PORTAL_HUB_DATA_DIR", DATA / "hub")).resolve()
+HUB_DATA.mkdir(parents=True, exist_ok=True)
+PUBLIC = os.environ.get("PORTAL_PUBLIC_URL", "http://127.0.0.1:8000").rstrip("/")
+PORTAL = os.environ.get("PORTAL_INTERNAL_URL", "http://127.0.0.1:8002").rstrip("/")
+HUB_PORT = int(os.environ.get("PORTAL_HUB_PORT", "8081"))
+PROXY_API_PORT = int(os.environ.get("PORTAL_PROXY_API_PORT", "8001"))
+SERVICE_TOKEN = os.environ.get("PORTAL_HUB_SERVICE_TOKEN") or (DATA / "hub_service_token").read_text().strip()
+
+c.JupyterHub.bind_url = f"{PUBLIC}/jupyter/"
+c.JupyterHub.hub_bind_url = f"http://127.0.0.1:{HUB_PORT}"
+c.JupyterHub.db_url = f"sqlite:///{HUB_DATA / 'jupyterhub.sqlite'}"
+c.JupyterHub.cookie_secret_file = str(HUB_DATA / "cookie_secret")
+c.JupyterHub.pid_file = str(HUB_DATA / "jupyterhub.pid")
+c.JupyterHub.redirect_to_server = False
+c.JupyterHub.allow_named_servers = True
+c.JupyterHub.named_server_limit_per_user = int(os.environ.get("PORTAL_MAX_SESSIONS_PER_USER", "3"))
+c.JupyterHub.tornado_settings = {"slow_spawn_timeout": 0}
+c.JupyterHub.cleanup_servers = False  # a hub restart must not stop running sessions
+
+c.ConfigurableHTTPProxy.api_url = f"http://127.0.0.1:{PROXY_API_PORT}"
+c.ConfigurableHTTPProxy.command = [
+    str(ROOT / "compose/hub/node_modules/.bin/configurable-http-proxy"),
+    "--default-target",
+    PORTAL,
+]
+c.ConfigurableHTTPProxy.should_start = True
+
+c.JupyterHub.authenticator_class = "generic-oauth"
+c.GenericOAuthenticator.client_id = "jupyterhub"
+c.GenericOAuthenticator.client_secret = (DATA / "hub_oauth_secret").read_text().strip()
+c.GenericOAuthenticator.oauth_callback_url = f"{PUBLIC}/jupyter/hub/oauth_callback"
+c.GenericOAuthenticator.authorize_url = f"{PUBLIC}/o/authorize/"
+c.GenericOAuthenticator.token_url = f"{PORTAL}/o/token/"
+c.GenericOAuthenticator.userdata_url = f"{PORTAL}/o/userinfo/"
+c.GenericOAuthenticator.username_claim = "preferred_username"
+c.GenericOAuthenticator.scope = ["openid", "profile"]
+c.GenericOAuthenticator.login_service = "the GPU portal"
+c.GenericOAuthenticator.allow_all = True
+c.GenericOAuthenticator.auto_login = True
+c.GenericOAuthenticator.auth_state_groups_key = lambda state: ["staff"] if state["oauth_user"].get("is_staff") else []
+c.GenericOAuthenticator.admin_groups = {"staff"}
+c.GenericOAuthenticator.manage_groups = True
+c.GenericOAuthenticator.logout_redirect_url = f"{PUBLIC}/accounts/logout/"
+
+c.JupyterHub.services = [{"name": "portal", "api_token": SERVICE_TOKEN}]
+c.JupyterHub.load_roles = [
+    {
+        "name": "portal",
+        "description": "Create people in the hub and start, stop and read their servers",
+        "scopes": ["admin:users", "servers", "read:users:activity"],
+        "services": ["portal"],
+    }
+]
+
+c.JupyterHub.spawner_class = "sessions.notebooks.spawner.PortalSpawner"
+c.PortalSpawner.portal_url = PORTAL
+c.PortalSpawner.portal_token = SERVICE_TOKEN
+c.PortalSpawner.image = "gpu-portal/notebook:latest"
+c.PortalSpawner.pull_policy = "never"
+c.PortalSpawner.name_template = "gpu-portal-{username}-{servername}"
+c.PortalSpawner.start_timeout = 120
+c.PortalSpawner.http_timeout = 60
+c.PortalSpawner.debug = False

@@ -1,0 +1,82 @@
+"""The portal's internal API for the hub's spawner: launch specs in, lifecycle events back.
+
+Only the hub may call it (the shared service token), and a spec is only
+handed out for a session that is starting for exactly that hub user and
+server: a launch begun anywhere but the portal's form finds nothing here.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+from typing import Any
+
+from django.conf import settings
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.views.decorators.csrf import csrf_exempt
+from django.views.decorators.http import require_GET, require_POST
+
+from sessions.notebooks import services
+from sessions.notebooks.models import NotebookSession
+from sessions.runtime.docker import labels_for, limits_for
+
+log = logging.getLogger(__name__)
+EVENTS = {"progress", "container_started", "ready", "stopped", "failed"}
+
+
+def _from_hub(request: HttpRequest) -> bool:
+    given = request.headers.get("Authorization", "").removeprefix("Bearer ").strip()
+    return bool(given) and hmac.compare_digest(given, settings.HUB_SERVICE_TOKEN)
+
+
+def _refuse(status: int, error: str) -> JsonResponse:
+    return JsonResponse({"error": error}, status=status)
+
+
+@require_GET
+def launch_spec(request: HttpRequest) -> HttpResponse:
+    if not _from_hub(request):
+        return _refuse(403, "This API is for JupyterHub only.")
+    user, server = request.GET.get("user", ""), request.GET.get("server", "")
+    session = services.launch_spec_for(user, server)
+    if session is None or session.slice is None:
+        log.warning("launch refused: no starting session %r for %r", server, user)
+        return _refuse(404, "No session is starting under this name; start sessions from the portal's form.")
+    return JsonResponse(spec(session))
+
+
+def spec(session: NotebookSession) -> dict[str, Any]:
+    taken = session.slice
+    assert taken is not None
+    limits = limits_for(taken)
+    return {
+        "session": session.pk,
+        "image": session.image.image,
+        "device_ids": [taken.device_uuid],
+        "cpus": limits.cpus,
+        "mem_bytes": limits.memory_bytes,
+        "pids": limits.pids,
+        "labels": labels_for(taken, {"gpu-portal.session": str(session.pk)}),
+        "environment": {"GPU_PORTAL_SESSION": str(session.pk), "GPU_PORTAL_SLICE": taken.describe()},
+        "volume": f"gpu-portal-home-{session.owner_id}",
+        "network": settings.NOTEBOOK_NETWORK,
+    }
+
+
+@csrf_exempt  # machine-to-machine, authenticated by the bearer token instead
+@require_POST
+def event(request: HttpRequest) -> HttpResponse:
+    if not _from_hub(request):
+        return _refuse(403, "This API is for JupyterHub only.")
+    try:
+        body = json.loads(request.body)
+        session_id, kind = int(body["session"]), str(body["event"])
+    except (ValueError, KeyError, TypeError):
+        return _refuse(400, "Send JSON with 'session' (a number) and 'event'.")
+    if kind not in EVENTS:
+        return _refuse(400, f"Unknown event {kind!r}; one of {', '.join(sorted(EVENTS))}.")
+    if not NotebookSession.objects.filter(pk=session_id).exists():
+        return _refuse(404, "No such session.")
+    session = services.record_event(session_id, kind, str(body.get("container_id", "")), str(body.get("message", "")))
+    return JsonResponse({"session": session.pk, "state": session.state})

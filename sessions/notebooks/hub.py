@@ -1,0 +1,66 @@
+"""The JupyterHub REST API, as the portal uses it: the only module that talks to the hub.
+
+The portal is a hub service whose token has the scopes it needs and no more:
+``admin:users`` (a person must exist in the hub before a server can start for
+them) and ``servers`` (start, stop and read named servers).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import requests
+from django.conf import settings
+
+TIMEOUT = 10
+
+
+class HubError(RuntimeError):
+    """The hub refused or did not answer; the message says what was asked."""
+
+
+@dataclass(frozen=True)
+class ServerStatus:
+    ready: bool
+    pending: str | None
+    url: str
+    last_activity: str | None
+
+
+class Hub:
+    def __init__(self, api_url: str | None = None, token: str | None = None) -> None:
+        self.api_url = (api_url or settings.HUB_API_URL).rstrip("/")
+        self.session = requests.Session()
+        self.session.headers["Authorization"] = f"token {token or settings.HUB_SERVICE_TOKEN}"
+
+    def _call(self, method: str, path: str, what: str, ok: tuple[int, ...], **kwargs: Any) -> requests.Response:
+        try:
+            response = self.session.request(method, f"{self.api_url}{path}", timeout=TIMEOUT, **kwargs)
+        except requests.RequestException as error:
+            raise HubError(f"could not reach JupyterHub to {what}: {error}") from None
+        if response.status_code not in ok:
+            raise HubError(f"JupyterHub refused to {what}: HTTP {response.status_code} {response.text[:300]}")
+        return response
+
+    def ensure_user(self, name: str) -> None:
+        if self._call("GET", f"/users/{name}", f"look up {name}", (200, 404)).status_code == 404:
+            self._call("POST", f"/users/{name}", f"create {name}", (201, 409))
+
+    def start_server(self, user: str, server: str, options: dict[str, Any]) -> None:
+        body = {"user_options": options}
+        self._call("POST", f"/users/{user}/servers/{server}", f"start {user}/{server}", (201, 202), json=body)
+
+    def stop_server(self, user: str, server: str) -> None:
+        what = f"stop {user}/{server}"
+        self._call("DELETE", f"/users/{user}/servers/{server}", what, (202, 204, 400, 404), json={"remove": True})
+
+    def servers(self, user: str) -> dict[str, ServerStatus]:
+        response = self._call("GET", f"/users/{user}", f"read {user}", (200, 404))
+        if response.status_code == 404:
+            return {}
+        found = response.json().get("servers", {})
+        return {
+            name: ServerStatus(bool(s.get("ready")), s.get("pending"), s.get("url", ""), s.get("last_activity"))
+            for name, s in found.items()
+        }

@@ -1,0 +1,100 @@
+"""Notebook sessions and the images people may start them from.
+
+A session's lifecycle moments (requested, container started, ready, container
+gone) are what billing charges from: each is written once, by the state
+transition that owns it, and never moved afterwards.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from django.conf import settings
+from django.db import models
+from django.db.models import Q
+from django.utils import timezone
+
+from sessions.gpus.models import Slice
+
+
+class NotebookImage(models.Model):
+    """A container image staff allow for sessions."""
+
+    name = models.CharField(max_length=100, unique=True)
+    image = models.CharField(max_length=255, help_text="Docker image reference, e.g. gpu-portal/notebook:latest.")
+    description = models.CharField(max_length=255, blank=True)
+    default = models.BooleanField(default=False)
+    enabled = models.BooleanField(default=True)
+
+    class Meta:
+        ordering = ["-default", "name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class NotebookSession(models.Model):
+    class State(models.TextChoices):
+        REQUESTED = "requested", "Requested"
+        ALLOCATING = "allocating", "Allocating a GPU slice"
+        STARTING = "starting", "Starting"
+        RUNNING = "running", "Running"
+        STOPPING = "stopping", "Stopping"
+        STOPPED = "stopped", "Stopped"
+        FAILED = "failed", "Failed"
+        PREEMPTED = "preempted", "Preempted"
+
+    class EndReason(models.TextChoices):
+        USER = "user", "Stopped by its owner"
+        IDLE = "idle", "Stopped after being idle"
+        MAX_AGE = "max_age", "Reached the maximum session age"
+        FAILURE = "failure", "Failed"
+        RECONCILIATION = "reconciliation", "Its container was gone"
+        STAFF = "staff", "Stopped by an operator"
+        CREDIT = "credit", "Credit ran out"
+
+    ACTIVE = (State.REQUESTED, State.ALLOCATING, State.STARTING, State.RUNNING, State.STOPPING)
+    ENDED = (State.STOPPED, State.FAILED, State.PREEMPTED)
+
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="notebook_sessions")
+    server_name = models.SlugField(max_length=40, help_text="The named server in JupyterHub.")
+    display_name = models.CharField(max_length=80, blank=True)
+    image = models.ForeignKey(NotebookImage, on_delete=models.PROTECT)
+    slice = models.OneToOneField(Slice, on_delete=models.PROTECT, null=True, blank=True, related_name="notebook")
+    spot = models.BooleanField(default=False, help_text="Spot sessions are cheaper and may be reclaimed.")
+    state = models.CharField(max_length=12, choices=State.choices, default=State.REQUESTED)
+    progress = models.PositiveSmallIntegerField(default=0)
+    progress_message = models.CharField(max_length=200, blank=True)
+    requested_at = models.DateTimeField(default=timezone.now)
+    container_started_at = models.DateTimeField(null=True, blank=True)
+    ready_at = models.DateTimeField(null=True, blank=True)
+    container_gone_at = models.DateTimeField(null=True, blank=True)
+    ended_reason = models.CharField(max_length=20, choices=EndReason.choices, blank=True)
+    failure_message = models.TextField(blank=True)
+    container_id = models.CharField(max_length=80, blank=True)
+    last_activity = models.DateTimeField(null=True, blank=True)
+    idle_exempt = models.BooleanField(default=False)
+
+    class Meta:
+        ordering = ["-requested_at"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["owner", "server_name"],
+                condition=Q(state__in=["requested", "allocating", "starting", "running", "stopping"]),
+                name="notebook_one_active_server_name_per_owner",
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.owner} / {self.server_name} ({self.state})"
+
+    @property
+    def active(self) -> bool:
+        return self.state in self.ACTIVE
+
+    def stamp(self, field: str, when: datetime | None = None) -> bool:
+        """Write a lifecycle moment once; later calls leave it as it was. Returns whether it was written."""
+        if getattr(self, field) is not None:
+            return False
+        setattr(self, field, when or timezone.now())
+        return True

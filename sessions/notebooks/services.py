@@ -1,0 +1,164 @@
+"""Starting, following and ending notebook sessions: the only code that changes them.
+
+Every exit from a session releases its slice in the same transaction, and
+each lifecycle moment is stamped once (see NotebookSession.stamp).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from dataclasses import dataclass
+
+from django.conf import settings
+from django.contrib.auth.models import User
+from django.db import transaction
+from django.utils import timezone
+
+from sessions.gpus.allocator import AllocationRefused, SliceRequest, allocate, release
+from sessions.notebooks.models import NotebookImage, NotebookSession
+
+log = logging.getLogger(__name__)
+NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,38}$")
+State = NotebookSession.State
+
+
+class LaunchRefused(Exception):
+    """Nothing was started or allocated; ``reason`` says why, for the form."""
+
+    def __init__(self, reason: str, code: str = "refused") -> None:
+        super().__init__(reason)
+        self.reason, self.code = reason, code
+
+
+@dataclass(frozen=True)
+class Launch:
+    request: SliceRequest
+    image_id: int
+    server_name: str
+    spot: bool = False
+    display_name: str = ""
+
+
+def start_session(owner: User, launch: Launch) -> NotebookSession:
+    """Allocate a slice and record the session; the hub is asked to start it after commit."""
+    if not NAME.match(launch.server_name):
+        raise LaunchRefused("A session name takes lower-case letters, digits and '-', up to 39, e.g. 'train-1'.")
+    image = NotebookImage.objects.filter(pk=launch.image_id, enabled=True).first()
+    if image is None:
+        raise LaunchRefused("That image is not on the list of images you may start.", code="image")
+    with transaction.atomic():
+        User.objects.select_for_update().filter(pk=owner.pk).first()
+        _check_session_limits(owner, launch.server_name)
+        session = NotebookSession.objects.create(
+            owner=owner,
+            server_name=launch.server_name,
+            display_name=launch.display_name[:80],
+            image=image,
+            spot=launch.spot,
+            state=State.ALLOCATING,
+        )
+        try:
+            session.slice = allocate(owner, launch.request, holder=f"notebook:{session.pk}")
+        except AllocationRefused as refused:
+            raise LaunchRefused(refused.reason, code=refused.code) from None
+        session.state, session.progress, session.progress_message = State.STARTING, 10, "Slice allocated"
+        session.save(update_fields=["slice", "state", "progress", "progress_message"])
+        transaction.on_commit(lambda: _ask_hub_to_start(session.pk))
+    return session
+
+
+def _check_session_limits(owner: User, server_name: str) -> None:
+    active = NotebookSession.objects.filter(owner=owner, state__in=NotebookSession.ACTIVE)
+    if active.filter(server_name=server_name).exists():
+        raise LaunchRefused(f"You already have a session named {server_name!r}; stop it or pick another name.")
+    if active.filter(state__in=[State.REQUESTED, State.ALLOCATING, State.STARTING]).exists():
+        raise LaunchRefused("One of your sessions is still starting; wait until it runs.", code="starting")
+    if active.count() >= settings.MAX_SESSIONS_PER_USER:
+        raise LaunchRefused(f"You have {settings.MAX_SESSIONS_PER_USER} sessions, your limit; stop one first.")
+
+
+def _ask_hub_to_start(session_id: int) -> None:
+    from sessions.tasks import start_notebook
+
+    start_notebook.delay(session_id)
+
+
+def ask_hub_to_start(session_id: int) -> None:
+    """Worker side: make sure the person exists in the hub, then start the named server."""
+    from sessions.notebooks.hub import Hub, HubError
+
+    session = NotebookSession.objects.select_related("owner").get(pk=session_id)
+    if session.state != State.STARTING:
+        return
+    try:
+        hub = Hub()
+        hub.ensure_user(session.owner.get_username())
+        hub.start_server(session.owner.get_username(), session.server_name, {"session": session.pk})
+    except HubError as error:
+        fail(session.pk, str(error))
+
+
+def launch_spec_for(username: str, server_name: str) -> NotebookSession | None:
+    """The starting session a spawner may launch for this hub user and server, if any."""
+    found = NotebookSession.objects.select_related("slice", "slice__gpu", "image", "owner")
+    return found.filter(owner__username=username, server_name=server_name, state=State.STARTING).first()
+
+
+def record_event(session_id: int, event: str, container_id: str = "", message: str = "") -> NotebookSession:
+    """What the spawner reports: progress, container started, ready, stopped, failed."""
+    with transaction.atomic():
+        session = NotebookSession.objects.select_for_update().get(pk=session_id)
+        if event == "progress" and session.state == State.STARTING:
+            session.progress_message = message[:200]
+            session.progress = min(95, session.progress + 20)
+        elif event == "container_started":
+            session.stamp("container_started_at")
+            session.container_id = container_id[:80] or session.container_id
+        elif event == "ready" and session.state == State.STARTING:
+            session.stamp("ready_at")
+            session.state, session.progress, session.progress_message = State.RUNNING, 100, "Ready"
+        elif event == "stopped":
+            return _end(session, NotebookSession.EndReason.USER if session.state == State.STOPPING else "")
+        elif event == "failed":
+            session.failure_message = message[:2000]
+            return _end(session, NotebookSession.EndReason.FAILURE, failed=True)
+        session.save()
+        return session
+
+
+def stop_session(session_id: int, by: User, reason: str = NotebookSession.EndReason.USER) -> NotebookSession:
+    """Mark the session stopping and ask the hub to stop its server; the end is recorded when it is gone."""
+    with transaction.atomic():
+        session = NotebookSession.objects.select_for_update().select_related("owner").get(pk=session_id)
+        if session.owner_id != by.pk and not by.is_staff:
+            raise LaunchRefused("No such session among yours.", code="not_yours")
+        if not session.active:
+            return session
+        session.state, session.ended_reason = State.STOPPING, reason
+        session.save(update_fields=["state", "ended_reason"])
+    from sessions.notebooks.hub import Hub, HubError
+
+    try:
+        Hub().stop_server(session.owner.get_username(), session.server_name)
+    except HubError as error:
+        log.warning("stopping %s: %s", session, error)
+    return session
+
+
+def fail(session_id: int, message: str) -> NotebookSession:
+    return record_event(session_id, "failed", message=message)
+
+
+def _end(session: NotebookSession, reason: str, failed: bool = False) -> NotebookSession:
+    if session.state in NotebookSession.ENDED:
+        return session
+    now = timezone.now()
+    if session.container_started_at:
+        session.stamp("container_gone_at", now)
+    session.state = State.FAILED if failed else State.STOPPED
+    session.ended_reason = session.ended_reason or reason or NotebookSession.EndReason.RECONCILIATION
+    session.save()
+    if session.slice_id and session.slice and session.slice.active:
+        release(session.slice_id, reason=f"notebook {session.state}")
+    return session

@@ -1,0 +1,153 @@
+"""Our JupyterHub spawner: DockerSpawner, told by the portal what to run on which GPU slice.
+
+It runs inside the hub's process, so it imports nothing of Django: it asks the
+portal's internal API for the session's launch spec (image, the slice's
+device UUID, limits, labels, volume) and reports the session's moments back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import requests
+from dockerspawner import DockerSpawner
+from tornado import web
+from traitlets import Float, Integer, Unicode
+
+HOME = "/home/jovyan/work"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class PortalSpawner(DockerSpawner):
+    portal_url = Unicode("http://127.0.0.1:8002", help="The portal's own address (not the proxy).").tag(config=True)
+    portal_token = Unicode("", help="The token shared with the portal (its hub service token).").tag(config=True)
+    ready_poll_interval = Float(0.05, help="Seconds between checks that JupyterLab answers.").tag(config=True)
+    docker_threads = Integer(16, help="Threads for Docker calls, shared by all launches.").tag(config=True)
+
+    _pool: ThreadPoolExecutor | None = None
+    session_id = 0
+    # DockerSpawner's traits, typed for our use of them (annotations only: the traits stay).
+    network_name: str
+    environment: dict[str, Any]
+
+    @property
+    def executor(self) -> ThreadPoolExecutor:
+        # DockerSpawner's one shared thread makes every launch wait behind the slowest Docker call.
+        cls = type(self)
+        if cls._pool is None:
+            cls._pool = ThreadPoolExecutor(self.docker_threads, thread_name_prefix="docker")
+        return cls._pool
+
+    def get_state(self) -> dict[str, Any]:
+        state: dict[str, Any] = super().get_state()
+        if self.session_id:
+            state.update(session_id=self.session_id, port=self.port, network=self.network_name)
+        return state
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        super().load_state(state)
+        self.session_id = int(state.get("session_id", 0))
+        if "port" in state:
+            self.port, self.network_name = int(state["port"]), str(state.get("network", self.network_name))
+
+    def clear_state(self) -> None:
+        super().clear_state()
+        self.session_id = 0
+
+    def apply_user_options(self, spawner: Any, user_options: dict[str, Any]) -> None:
+        # Everything that matters comes from the portal's spec; anything else sent here is refused.
+        if set(user_options) - {"session"}:
+            raise ValueError("Start sessions from the portal; only its session number is accepted here.")
+
+    async def _portal(self, method: str, path: str, **kwargs: Any) -> requests.Response:
+        headers = {"Authorization": f"Bearer {self.portal_token}"}
+        url = f"{self.portal_url.rstrip('/')}/internal/notebooks/{path}"
+        return await asyncio.to_thread(requests.request, method, url, headers=headers, timeout=10, **kwargs)
+
+    async def _report(self, event: str, **body: Any) -> None:
+        try:
+            response = await self._portal("POST", "events", json={"session": self.session_id, "event": event, **body})
+            if response.status_code != 200:
+                self.log.warning("portal refused event %s: %s", event, response.text[:200])
+        except requests.RequestException as error:
+            self.log.warning("could not report %s to the portal: %s", event, error)
+
+    async def _fetch_spec(self) -> dict[str, Any]:
+        params = {"user": self.user.name, "server": self.name}
+        try:
+            response = await self._portal("GET", "launch-spec", params=params)
+        except requests.RequestException as error:
+            raise web.HTTPError(503, f"The portal did not answer: {error}") from None
+        if response.status_code != 200:
+            message = response.json().get("error", response.text[:200])
+            raise web.HTTPError(response.status_code, message)
+        return dict(response.json())
+
+    def _apply(self, spec: dict[str, Any]) -> None:
+        self.session_id = int(spec["session"])
+        self.image = spec["image"]
+        self.network_name = spec["network"]
+        self.remove = True
+        self.cpu_limit = min(float(spec["cpus"]), float(os.cpu_count() or 1))
+        self.mem_limit = int(spec["mem_bytes"])
+        self.environment = {**self.environment, **spec["environment"]}
+        self.volumes = {spec["volume"]: HOME}
+        self.extra_create_kwargs = {"labels": spec["labels"]}
+        host_config: dict[str, Any] = {
+            "device_requests": [{"driver": "nvidia", "device_ids": spec["device_ids"], "capabilities": [["gpu"]]}],
+            "pids_limit": int(spec["pids"]),
+            "security_opt": ["no-new-privileges:true"],
+        }
+        if self.network_name == "host":
+            # One port per server on the host's network; Docker must not publish ports there.
+            self.ip, self.port = "127.0.0.1", free_port()
+            host_config["port_bindings"] = None
+        self.extra_host_config = host_config
+
+    async def get_ip_and_port(self) -> tuple[str, int]:
+        if self.network_name == "host":
+            return "127.0.0.1", int(self.port)
+        ip, port = await super().get_ip_and_port()
+        return str(ip), int(port)
+
+    async def start(self) -> tuple[str, int]:
+        self._apply(await self._fetch_spec())
+        await self._report("progress", message="Creating the container")
+        try:
+            ip, port = await super().start()
+            await self._report("container_started", container_id=self.container_id)
+            await self._wait_until_answering(ip, port)
+        except Exception as error:
+            await self._report("failed", message=str(error))
+            raise
+        await self._report("ready")
+        return ip, port
+
+    async def _wait_until_answering(self, ip: str, port: int) -> None:
+        # Polling ourselves beats the hub's random back-off by seconds.
+        url = f"http://{ip}:{port}{self.server.base_url if self.server else '/'}api"
+        deadline = time.monotonic() + self.start_timeout
+        while time.monotonic() < deadline:
+            try:
+                await asyncio.to_thread(requests.get, url, timeout=1)
+                return
+            except requests.RequestException:
+                await asyncio.sleep(self.ready_poll_interval)
+        raise TimeoutError(f"JupyterLab did not answer within {self.start_timeout} s")
+
+    async def stop(self, now: bool = False) -> None:
+        session_id = self.session_id  # DockerSpawner clears state when it removes the container
+        await super().stop(now=now)
+        if session_id:
+            self.session_id = session_id
+            await self._report("stopped")

@@ -1,0 +1,48 @@
+"""A session on a MIG slice, end to end: portal -> Celery -> hub -> our spawner -> Docker -> JupyterLab."""
+
+from __future__ import annotations
+
+import pytest
+import requests
+from django.contrib.auth.models import User
+
+from sessions.gpus.allocator import SliceRequest
+from sessions.gpus.models import Slice
+from sessions.notebooks.hub import Hub
+from sessions.notebooks.models import NotebookImage, NotebookSession
+from sessions.notebooks.services import Launch, start_session, stop_session
+from sessions.runtime.docker import DockerRuntime
+from tests.notebooks.conftest import state_of, wait_for
+
+pytestmark = [pytest.mark.hub, pytest.mark.docker, pytest.mark.celery, pytest.mark.django_db(transaction=True)]
+
+
+def test_a_session_runs_jupyterlab_on_its_own_slice_and_stops_cleanly(
+    hub: str, notebook_image: NotebookImage, alice: User
+) -> None:
+    session = start_session(alice, Launch(SliceRequest("mig", "1g.18gb"), notebook_image.pk, "lab-1"))
+    wait_for(lambda: state_of(session) == NotebookSession.State.RUNNING, 120, "the session to run")
+    assert session.slice is not None
+    assert session.container_started_at and session.ready_at
+    assert session.requested_at <= session.container_started_at <= session.ready_at
+
+    runtime = DockerRuntime()
+    [container_id] = runtime.containers_for("session", str(session.pk))
+    # The nvidia driver puts the device into the container's first process, not into `docker exec`s.
+    env = runtime.run_in(container_id, ["sh", "-c", "tr '\\0' '\\n' < /proc/1/environ"])
+    devices = [line for line in env.splitlines() if line.startswith("NVIDIA_VISIBLE_DEVICES=")]
+    assert devices == [f"NVIDIA_VISIBLE_DEVICES={session.slice.device_uuid}"]
+    assert runtime.run_in(container_id, ["id", "-u"]).strip() == "1000"
+
+    status = Hub().servers("alice")["lab-1"]
+    assert status.ready
+    answer = requests.get(f"{hub}{status.url}api", timeout=10, allow_redirects=False)
+    assert answer.status_code in (200, 302)  # JupyterLab answers through the proxy (a login redirect without SSO)
+
+    stop_session(session.pk, by=alice)
+    wait_for(lambda: state_of(session) == NotebookSession.State.STOPPED, 60, "the session to stop")
+    assert runtime.containers_for("session", str(session.pk)) == []
+    assert session.container_gone_at is not None and session.container_gone_at >= session.ready_at
+    assert session.ended_reason == NotebookSession.EndReason.USER
+    assert session.slice is not None
+    assert not Slice.objects.get(pk=session.slice.pk).active
