@@ -1,0 +1,139 @@
+"""Starting and stopping sessions in the portal: refusals come at once, nothing is left behind."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from django.conf import settings
+from django.contrib.auth.models import User
+from django.test import Client
+
+from sessions.gpus.allocator import SliceRequest, allocate
+from sessions.gpus.models import Slice
+from sessions.notebooks.models import NotebookImage, NotebookSession
+from sessions.notebooks.services import Launch, LaunchRefused, record_event, start_session, stop_session
+
+pytestmark = pytest.mark.django_db
+MIG = SliceRequest("mig", "1g.18gb")
+
+
+def launch(user: User, image: NotebookImage, name: str = "lab", request: SliceRequest = MIG) -> NotebookSession:
+    return start_session(user, Launch(request, image.pk, name))
+
+
+def nothing_left(user: User) -> bool:
+    return not Slice.objects.filter(owner=user, released_at__isnull=True).exists()
+
+
+def test_a_launch_allocates_a_slice_and_waits_for_the_hub(notebook_image: NotebookImage, alice: User) -> None:
+    session = launch(alice, notebook_image)
+    assert session.state == NotebookSession.State.STARTING
+    assert session.slice is not None and session.slice.holder == f"notebook:{session.pk}"
+
+
+@pytest.mark.parametrize("name", ["Lab", "-lab", "lab_1", "a" * 40, "lab 1", "läb", ""])
+def test_a_session_name_with_odd_characters_is_refused(notebook_image: NotebookImage, alice: User, name: str) -> None:
+    with pytest.raises(LaunchRefused, match="lower-case letters"):
+        launch(alice, notebook_image, name)
+    assert not NotebookSession.objects.exists() and nothing_left(alice)
+
+
+def test_an_image_off_the_list_is_refused(notebook_image: NotebookImage, alice: User) -> None:
+    notebook_image.enabled = False
+    notebook_image.save()
+    with pytest.raises(LaunchRefused, match="not on the list") as refused:
+        launch(alice, notebook_image)
+    assert refused.value.code == "image"
+    assert nothing_left(alice)
+
+
+def test_no_capacity_is_refused_at_once_and_leaves_nothing(
+    notebook_image: NotebookImage, alice: User, bob: User
+) -> None:
+    allocate(bob, SliceRequest("mig", "1g.18gb"))
+    with pytest.raises(LaunchRefused, match="No 7g.141gb slice is free now") as refused:
+        launch(alice, notebook_image, request=SliceRequest("mig", "7g.141gb"))
+    assert refused.value.code == "no_capacity"
+    assert not NotebookSession.objects.exists() and nothing_left(alice)
+
+
+def test_a_quota_is_refused_at_once(notebook_image: NotebookImage, alice: User, settings) -> None:  # type: ignore[no-untyped-def]
+    settings.MAX_SLICES_PER_USER = 0
+    with pytest.raises(LaunchRefused, match="your limit") as refused:
+        launch(alice, notebook_image)
+    assert refused.value.code == "quota"
+    assert not NotebookSession.objects.exists()
+
+
+def test_a_launch_while_another_is_starting_is_refused(notebook_image: NotebookImage, alice: User) -> None:
+    launch(alice, notebook_image, "first")
+    with pytest.raises(LaunchRefused, match="still starting"):
+        launch(alice, notebook_image, "second")
+    assert Slice.objects.filter(owner=alice, released_at__isnull=True).count() == 1
+
+
+def test_nobody_stops_another_users_session(notebook_image: NotebookImage, alice: User, bob: User) -> None:
+    session = launch(alice, notebook_image)
+    with pytest.raises(LaunchRefused, match="No such session among yours"):
+        stop_session(session.pk, by=bob)
+    session.refresh_from_db()
+    assert session.state == NotebookSession.State.STARTING
+
+
+def test_lifecycle_moments_are_written_once(notebook_image: NotebookImage, alice: User) -> None:
+    session = launch(alice, notebook_image)
+    first = record_event(session.pk, "container_started", container_id="abc").container_started_at
+    assert record_event(session.pk, "container_started", container_id="abc").container_started_at == first
+    ready = record_event(session.pk, "ready")
+    assert ready.state == NotebookSession.State.RUNNING and ready.ready_at is not None
+    ended = record_event(session.pk, "stopped")
+    assert ended.state == NotebookSession.State.STOPPED
+    assert ended.ended_reason == NotebookSession.EndReason.RECONCILIATION
+    gone = ended.container_gone_at
+    assert record_event(session.pk, "stopped").container_gone_at == gone
+    assert nothing_left(alice)
+
+
+def test_a_failed_start_releases_the_slice_and_keeps_the_reason(notebook_image: NotebookImage, alice: User) -> None:
+    session = launch(alice, notebook_image)
+    failed = record_event(session.pk, "failed", message="image missing")
+    assert failed.state == NotebookSession.State.FAILED
+    assert failed.failure_message == "image missing"
+    assert failed.container_gone_at is None
+    assert nothing_left(alice)
+
+
+def hub_client() -> Client:
+    return Client(HTTP_AUTHORIZATION=f"Bearer {settings.HUB_SERVICE_TOKEN}")
+
+
+def test_the_launch_spec_is_only_for_the_hub_and_only_for_a_starting_session(
+    notebook_image: NotebookImage, alice: User
+) -> None:
+    session = launch(alice, notebook_image)
+    query = {"user": "alice", "server": "lab"}
+    assert Client().get("/internal/notebooks/launch-spec", query).status_code == 403
+    assert Client(HTTP_AUTHORIZATION="Bearer forged").get("/internal/notebooks/launch-spec", query).status_code == 403
+    spec = hub_client().get("/internal/notebooks/launch-spec", query).json()
+    assert spec["session"] == session.pk
+    assert spec["device_ids"] == [session.slice.device_uuid]  # type: ignore[union-attr]
+    assert spec["image"] == "gpu-portal/notebook:latest"
+    for other in ({"user": "bob", "server": "lab"}, {"user": "alice", "server": "other"}):
+        answer = hub_client().get("/internal/notebooks/launch-spec", other)
+        assert answer.status_code == 404
+        assert "start sessions from the portal" in answer.json()["error"]
+
+
+def test_events_with_bad_bodies_get_clear_errors(notebook_image: NotebookImage, alice: User) -> None:
+    session = launch(alice, notebook_image)
+    post = hub_client().post
+    assert post("/internal/notebooks/events", "nonsense", content_type="application/json").status_code == 400
+    bad = post(
+        "/internal/notebooks/events", json.dumps({"session": session.pk, "event": "explode"}), "application/json"
+    )
+    assert bad.status_code == 400 and "Unknown event" in bad.json()["error"]
+    missing = post("/internal/notebooks/events", json.dumps({"session": 999999, "event": "ready"}), "application/json")
+    assert missing.status_code == 404
+    session.refresh_from_db()
+    assert session.state == NotebookSession.State.STARTING
