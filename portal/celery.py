@@ -18,6 +18,7 @@ app.autodiscover_tasks()
 app.conf.beat_schedule = {
     "portal-heartbeat": {"task": "portal.tasks.record_heartbeat", "schedule": 60.0},
     "sync-gpus": {"task": "sessions.tasks.sync_gpus", "schedule": 300.0},
+    "reconcile-sessions": {"task": "sessions.tasks.reconcile_sessions", "schedule": 20.0},
 }
 
 

@@ -19,3 +19,11 @@ def start_notebook(session_id: int) -> None:
     from sessions.notebooks.services import ask_hub_to_start
 
     ask_hub_to_start(session_id)
+
+
+@shared_task
+def reconcile_sessions() -> dict[str, int]:
+    """Every 20 s: end sessions whose containers are gone, remove strays, free orphan slices."""
+    from sessions.notebooks.reconcile import reconcile
+
+    return reconcile()

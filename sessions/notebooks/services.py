@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import re
 from dataclasses import dataclass
+from datetime import datetime
 
 from django.conf import settings
 from django.contrib.auth.models import User
@@ -150,12 +151,39 @@ def fail(session_id: int, message: str) -> NotebookSession:
     return record_event(session_id, "failed", message=message)
 
 
-def _end(session: NotebookSession, reason: str, failed: bool = False) -> NotebookSession:
+def end_session(
+    session_id: int, reason: str, failed: bool = False, message: str = "", gone_at: datetime | None = None
+) -> NotebookSession:
+    """End a session whose container is gone (reconciliation, culling): record it and free the slice."""
+    with transaction.atomic():
+        session = NotebookSession.objects.select_for_update().get(pk=session_id)
+        if message:
+            session.failure_message = message[:2000]
+        session.ended_reason = session.ended_reason or reason
+        ended = _end(session, reason, failed=failed, gone_at=gone_at)
+    if session.server_name:
+        transaction.on_commit(lambda: _forget_server(session.pk))
+    return ended
+
+
+def _forget_server(session_id: int) -> None:
+    from sessions.notebooks.hub import Hub, HubError
+
+    session = NotebookSession.objects.select_related("owner").get(pk=session_id)
+    try:
+        Hub().stop_server(session.owner.get_username(), session.server_name)
+    except HubError as error:
+        log.info("the hub could not forget %s: %s", session, error)
+
+
+def _end(
+    session: NotebookSession, reason: str, failed: bool = False, gone_at: datetime | None = None
+) -> NotebookSession:
     if session.state in NotebookSession.ENDED:
         return session
     now = timezone.now()
     if session.container_started_at:
-        session.stamp("container_gone_at", now)
+        session.stamp("container_gone_at", max(gone_at or now, session.container_started_at))
     session.state = State.FAILED if failed else State.STOPPED
     session.ended_reason = session.ended_reason or reason or NotebookSession.EndReason.RECONCILIATION
     session.save()

@@ -8,6 +8,7 @@ GPU container gets, and runs, inspects and removes such containers.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 import docker
@@ -23,6 +24,21 @@ GIB = 1024**3
 
 class RuntimeError_(RuntimeError):
     """The Docker engine refused or failed; the message says what was being done."""
+
+
+@dataclass(frozen=True)
+class ContainerState:
+    running: bool
+    finished_at: datetime | None
+
+
+def _docker_time(text: str) -> datetime | None:
+    """Docker's RFC 3339 times carry nanoseconds; 0001-01-01 means 'never'."""
+    if not text or text.startswith("0001-"):
+        return None
+    head, _, rest = text.partition(".")
+    fraction = "".join(ch for ch in rest if ch.isdigit())[:6]
+    return datetime.fromisoformat(f"{head}.{fraction or '0'}+00:00")
 
 
 @dataclass(frozen=True)
@@ -116,6 +132,19 @@ class DockerRuntime:
         wanted = f"{LABEL_PREFIX}.{label}" if value is None else f"{LABEL_PREFIX}.{label}={value}"
         found = self.client.containers.list(all=True, filters={"label": wanted})
         return [str(container.id) for container in found]
+
+    def session_containers(self) -> dict[str, int]:
+        """Every container of a notebook session, by id, with its session's number."""
+        found = self.client.containers.list(all=True, filters={"label": f"{LABEL_PREFIX}.session"})
+        return {str(c.id): int(c.labels[f"{LABEL_PREFIX}.session"]) for c in found}
+
+    def container_state(self, session_id: int) -> ContainerState | None:
+        """Whether a session's container runs, and when it stopped; None if there is none."""
+        found = self.client.containers.list(all=True, filters={"label": f"{LABEL_PREFIX}.session={session_id}"})
+        if not found:
+            return None
+        state = found[0].attrs["State"]
+        return ContainerState(bool(state.get("Running")), _docker_time(str(state.get("FinishedAt", ""))))
 
     def run_in(self, container_id: str, command: list[str]) -> str:
         """Run a command inside a running container and return what it printed."""

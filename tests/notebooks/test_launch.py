@@ -5,13 +5,15 @@ from __future__ import annotations
 import pytest
 import requests
 from django.contrib.auth.models import User
+from django.utils import timezone
 
 from sessions.gpus.allocator import SliceRequest
 from sessions.gpus.models import Slice
-from sessions.notebooks.hub import Hub
+from sessions.notebooks.hub import Hub, HubError
 from sessions.notebooks.models import NotebookImage, NotebookSession
 from sessions.notebooks.services import Launch, start_session, stop_session
 from sessions.runtime.docker import DockerRuntime
+from sessions.tasks import reconcile_sessions
 from tests.notebooks.conftest import state_of, wait_for
 
 pytestmark = [pytest.mark.hub, pytest.mark.docker, pytest.mark.celery, pytest.mark.django_db(transaction=True)]
@@ -46,3 +48,45 @@ def test_a_session_runs_jupyterlab_on_its_own_slice_and_stops_cleanly(
     assert session.ended_reason == NotebookSession.EndReason.USER
     assert session.slice is not None
     assert not Slice.objects.get(pk=session.slice.pk).active
+
+
+def run_one(alice: User, image: NotebookImage, name: str) -> NotebookSession:
+    session = start_session(alice, Launch(SliceRequest("mig", "1g.18gb"), image.pk, name))
+    wait_for(lambda: state_of(session) == NotebookSession.State.RUNNING, 120, "the session to run")
+    return session
+
+
+def test_a_container_killed_by_hand_is_reconciled_within_a_minute(
+    hub: str, notebook_image: NotebookImage, alice: User
+) -> None:
+    session = run_one(alice, notebook_image, "doomed")
+    runtime = DockerRuntime()
+    [container_id] = runtime.containers_for("session", str(session.pk))
+    runtime.client.containers.get(container_id).kill()
+    killed_at = timezone.now()
+    reconcile_sessions.delay().get(timeout=60)
+    wait_for(lambda: state_of(session) == NotebookSession.State.STOPPED, 60, "reconciliation")
+    assert session.ended_reason == NotebookSession.EndReason.RECONCILIATION
+    assert session.container_gone_at is not None
+    assert abs((session.container_gone_at - killed_at).total_seconds()) < 5
+    assert session.slice is not None and not Slice.objects.get(pk=session.slice.pk).active
+    wait_for(lambda: runtime.containers_for("session", str(session.pk)) == [], 30, "the dead container's removal")
+
+
+def test_forged_user_options_sent_to_the_hub_are_refused(hub: str, notebook_image: NotebookImage, alice: User) -> None:
+    api = Hub()
+    api.ensure_user("alice")
+    with pytest.raises(HubError, match="HTTP 400"):
+        api.start_server("alice", "forged", {"image": "someone/else:latest", "device_ids": ["GPU-all"]})
+    assert "forged" not in api.servers("alice")
+
+
+def test_a_launch_begun_at_the_hub_without_the_portal_starts_nothing(
+    hub: str, notebook_image: NotebookImage, alice: User
+) -> None:
+    api = Hub()
+    api.ensure_user("alice")
+    api.start_server("alice", "rogue", {})
+    wait_for(lambda: "rogue" not in api.servers("alice"), 30, "the hub to give up the rogue spawn")
+    assert DockerRuntime().containers_for("session") == []
+    assert not Slice.objects.filter(released_at__isnull=True).exists()
