@@ -15,6 +15,7 @@ from django.core.management import call_command
 from django.test import Client
 
 from portal.roles import BILLING, OPERATORS, USERS, ensure_roles
+from sessions.notebooks.models import NotebookImage
 from tests.factories import make_user
 from tests.helpers import processes
 
@@ -151,3 +152,17 @@ def hub(
     runtime = DockerRuntime()
     for container_id in runtime.containers_for("session"):
         runtime.remove(container_id)
+
+
+@pytest.fixture
+def notebook_image(db: None, settings) -> NotebookImage:  # type: ignore[no-untyped-def]
+    """An image on the list, the hub's OAuth client, and a small simulated fleet to launch on."""
+    from portal.sso.clients import register_hub_client
+    from tests.gpus.conftest import use_fleet
+
+    use_fleet(settings, "nb: 1xH200:mig, 1xL4:whole")
+    register_hub_client()
+    image, _ = NotebookImage.objects.get_or_create(
+        name="JupyterLab", defaults={"image": "gpu-portal/notebook:latest", "default": True}
+    )
+    return image

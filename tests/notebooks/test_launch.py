@@ -14,7 +14,7 @@ from sessions.notebooks.models import NotebookImage, NotebookSession
 from sessions.notebooks.services import Launch, start_session, stop_session
 from sessions.runtime.docker import DockerRuntime
 from sessions.tasks import reconcile_sessions
-from tests.notebooks.conftest import state_of, wait_for
+from tests.helpers.waiting import state_of, wait_for
 
 pytestmark = [pytest.mark.hub, pytest.mark.docker, pytest.mark.celery, pytest.mark.django_db(transaction=True)]
 

@@ -1,0 +1,47 @@
+"""Single sign-on in the browser: logged into the portal, JupyterLab opens without a second login."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from django.contrib.auth.models import User
+from playwright.sync_api import Browser, Page, expect
+
+from sessions.gpus.allocator import SliceRequest
+from sessions.notebooks.models import NotebookImage, NotebookSession
+from sessions.notebooks.services import Launch, start_session
+from tests.factories import PASSWORD
+from tests.helpers.waiting import state_of, wait_for
+
+pytestmark = [pytest.mark.hub, pytest.mark.docker, pytest.mark.celery, pytest.mark.django_db(transaction=True)]
+
+
+def log_in(page: Page, public: str, username: str) -> None:
+    page.goto(public + "/accounts/login/")
+    page.get_by_label("Username").fill(username)
+    page.get_by_label("Password").fill(PASSWORD)
+    page.get_by_role("button", name="Log in").click()
+    expect(page.get_by_role("heading", level=1)).to_have_text("Dashboard")
+
+
+def test_jupyterlab_opens_through_the_proxy_with_the_portal_login_and_not_for_others(
+    hub: str, notebook_image: NotebookImage, alice: User, bob: User, page: Page, browser: Browser
+) -> None:
+    session = start_session(alice, Launch(SliceRequest("mig", "1g.18gb"), notebook_image.pk, "lab-e2e"))
+    wait_for(lambda: state_of(session) == NotebookSession.State.RUNNING, 120, "the session to run")
+    log_in(page, hub, "alice")
+    page.goto(hub + "/jupyter/user/alice/lab-e2e/lab")
+    expect(page).to_have_url(re.compile(r"/jupyter/user/alice/lab-e2e/lab"), timeout=30_000)
+    expect(page).to_have_title(re.compile("JupyterLab"), timeout=30_000)
+    page.wait_for_timeout(1500)
+    page.screenshot(path="artifacts/screenshots/jupyterlab-through-sso.png")
+
+    other = browser.new_context()
+    bobs_page = other.new_page()
+    log_in(bobs_page, hub, "bob")
+    answer = bobs_page.goto(hub + "/jupyter/user/alice/lab-e2e/lab")
+    assert answer is not None
+    expect(bobs_page.locator("body")).to_contain_text("403 : You do not have permission to access Server")
+    bobs_page.screenshot(path="artifacts/screenshots/jupyterlab-refused-to-bob.png")
+    other.close()
