@@ -196,7 +196,9 @@ AXES_LOCKOUT_PARAMETERS = ["ip_address", "username"]
 AXES_LOCKOUT_TEMPLATE = "registration/locked_out.html"
 AXES_RESET_ON_SUCCESS = True
 AXES_HANDLER = "axes.handlers.database.AxesDatabaseHandler"
-AXES_IPWARE_META_PRECEDENCE_ORDER = ["REMOTE_ADDR"]
+# Requests arrive through configurable-http-proxy: trust the addresses it appends (see portal/client_ip.py).
+TRUSTED_PROXY_HOPS = env.integer("PORTAL_TRUSTED_PROXY_HOPS", 1, minimum=0)
+AXES_CLIENT_IP_CALLABLE = "portal.client_ip.client_ip"
 AXES_VERBOSE = False
 AXES_SENSITIVE_PARAMETERS = ["password"]
 

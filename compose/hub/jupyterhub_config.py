@@ -11,7 +11,7 @@ DATA = Path(os.environ.get("PORTAL_DATA_DIR", ROOT / "var")).resolve()
 HUB_DATA = Path(os.environ.get("PORTAL_HUB_DATA_DIR", DATA / "hub")).resolve()
 HUB_DATA.mkdir(parents=True, exist_ok=True)
 PUBLIC = os.environ.get("PORTAL_PUBLIC_URL", "http://127.0.0.1:8000").rstrip("/")
-PORTAL = os.environ.get("PORTAL_INTERNAL_URL", "http://127.0.0.1:8002").rstrip("/")
+PORTAL = os.environ.get("PORTAL_INTERNAL_URL", "http://127.0.0.1:8002").rstrip("/")  # daphne, behind the proxy
 HUB_PORT = int(os.environ.get("PORTAL_HUB_PORT", "8081"))
 PROXY_API_PORT = int(os.environ.get("PORTAL_PROXY_API_PORT", "8001"))
 SERVICE_TOKEN = os.environ.get("PORTAL_HUB_SERVICE_TOKEN") or (DATA / "hub_service_token").read_text().strip()

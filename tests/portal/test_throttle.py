@@ -46,3 +46,14 @@ def test_the_lockout_page_does_not_echo_the_password(alice: User) -> None:
         attempt("alice", "s3cret-guess")
     page = attempt("alice", "s3cret-guess").content.decode()
     assert "s3cret-guess" not in page
+
+
+def test_behind_the_proxy_the_forwarded_address_is_throttled_not_the_proxys(alice: User, bob: User) -> None:
+    def via_proxy(client_address: str, username: str, password: str):  # type: ignore[no-untyped-def]
+        client = Client(REMOTE_ADDR="127.0.0.1", HTTP_X_FORWARDED_FOR=f"127.9.9.9, {client_address}")
+        return client.post(reverse("login"), {"username": username, "password": password})
+
+    for number in range(5):
+        via_proxy("127.0.3.1", f"nobody{number}", "guess")
+    assert via_proxy("127.0.3.1", "bob", PASSWORD).status_code == 429
+    assert via_proxy("127.0.3.2", "bob", PASSWORD).status_code == 302
