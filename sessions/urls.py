@@ -2,9 +2,12 @@ from django.urls import path
 
 from sessions import views
 from sessions.gpus import views as gpu_views
+from sessions.notebooks import views as notebook_views
 
 urlpatterns = [
-    path("", views.session_list, name="session-list"),
+    path("", notebook_views.session_list, name="session-list"),
+    path("launch/", notebook_views.launch, name="session-launch"),
+    path("<int:session_id>/stop/", notebook_views.stop, name="session-stop"),
     path("render-jobs/", views.render_job_list, name="render-job-list"),
     path("fleet/", gpu_views.fleet_overview, name="fleet"),
     path("fleet/gpus/<int:gpu_id>/", gpu_views.fleet_gpu, name="fleet-gpu"),

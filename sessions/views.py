@@ -8,10 +8,5 @@ from django.shortcuts import render
 
 
 @login_required
-def session_list(request: HttpRequest) -> HttpResponse:
-    return render(request, "sessions/session_list.html")
-
-
-@login_required
 def render_job_list(request: HttpRequest) -> HttpResponse:
     return render(request, "sessions/render_job_list.html")

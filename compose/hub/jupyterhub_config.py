@@ -23,7 +23,8 @@ c.JupyterHub.cookie_secret_file = str(HUB_DATA / "cookie_secret")
 c.JupyterHub.pid_file = str(HUB_DATA / "jupyterhub.pid")
 c.JupyterHub.redirect_to_server = False
 c.JupyterHub.allow_named_servers = True
-c.JupyterHub.named_server_limit_per_user = int(os.environ.get("PORTAL_MAX_SESSIONS_PER_USER", "3"))
+# The portal enforces its own per-person limits; the hub's would count servers the portal has forgotten.
+c.JupyterHub.named_server_limit_per_user = 0
 c.JupyterHub.tornado_settings = {"slow_spawn_timeout": 0}
 c.JupyterHub.cleanup_servers = False  # a hub restart must not stop running sessions
 

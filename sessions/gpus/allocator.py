@@ -20,7 +20,7 @@ from django.db.models import Exists, F, Min, OuterRef, Q, QuerySet, Subquery
 from django.utils import timezone
 
 from sessions.gpus import catalog, placement
-from sessions.gpus.backends import backend_for_host
+from sessions.gpus.backends import BackendError, backend_for_host
 from sessions.gpus.catalog import GpuModel, Profile
 from sessions.gpus.models import Gpu, GpuInstance, Slice, SliceQuota
 from sessions.gpus.placement import Layout
@@ -161,7 +161,10 @@ def _place(
 
 def _place_on(owner: User, gpu: Gpu, model: GpuModel, profile: Profile, start: int, holder: str) -> Slice:
     layout = gpu.layout()
-    made = backend_for_host(gpu.host.backend).create_instance(gpu.uuid, profile, start)
+    try:
+        made = backend_for_host(gpu.host.backend).create_instance(gpu.uuid, profile, start)
+    except BackendError as error:
+        raise AllocationRefused(f"The GPU host refused the slice: {error}", code="backend") from None
     instance = GpuInstance.record(gpu, made, GpuInstance.Origin.DYNAMIC)
     gpu.set_layout(layout.with_instance(profile, start))
     gpu.active_slices += 1

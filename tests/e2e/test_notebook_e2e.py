@@ -45,3 +45,28 @@ def test_jupyterlab_opens_through_the_proxy_with_the_portal_login_and_not_for_ot
     expect(bobs_page.locator("body")).to_contain_text("403 : You do not have permission to access Server")
     bobs_page.screenshot(path="artifacts/screenshots/jupyterlab-refused-to-bob.png")
     other.close()
+
+
+def test_a_user_launches_opens_and_stops_a_session_by_clicking(
+    hub: str, notebook_image: NotebookImage, alice: User, page: Page
+) -> None:
+    log_in(page, hub, "alice")
+    page.get_by_role("navigation", name="Main").get_by_role("link", name="Sessions").click()
+    page.get_by_label("GPU slice").select_option("mig:H200-SXM5-141GB:2g.35gb")
+    page.get_by_label("Session name").fill("clicked")
+    page.get_by_role("button", name="Start JupyterLab").click()
+    card = page.locator("article.session-card", has_text="clicked")
+    expect(card).to_be_visible()
+    page.screenshot(path="artifacts/screenshots/session-starting.png", full_page=True)
+    expect(card.get_by_text("Running", exact=True)).to_be_visible(timeout=60_000)
+    page.screenshot(path="artifacts/screenshots/session-running.png", full_page=True)
+    with page.context.expect_page() as opened:
+        card.get_by_role("link", name="Open JupyterLab").click()
+    lab = opened.value
+    expect(lab).to_have_title(re.compile("JupyterLab"), timeout=30_000)
+    lab.close()
+    card.get_by_role("button", name="Stop").click()
+    expect(card.get_by_text("Stopped", exact=True)).to_be_visible(timeout=60_000)
+    page.screenshot(path="artifacts/screenshots/session-stopped.png", full_page=True)
+    session = NotebookSession.objects.get(owner=alice, server_name="clicked")
+    assert session.container_gone_at is not None and session.slice is not None and not session.slice.active

@@ -9,7 +9,7 @@ from django.utils import timezone
 
 from sessions.gpus.allocator import SliceRequest
 from sessions.gpus.models import Slice
-from sessions.notebooks.hub import Hub, HubError
+from sessions.notebooks.hub import Hub, HubError, ServerStatus
 from sessions.notebooks.models import NotebookImage, NotebookSession
 from sessions.notebooks.services import Launch, start_session, stop_session
 from sessions.runtime.docker import DockerRuntime
@@ -87,6 +87,9 @@ def test_a_launch_begun_at_the_hub_without_the_portal_starts_nothing(
     api = Hub()
     api.ensure_user("alice")
     api.start_server("alice", "rogue", {})
-    wait_for(lambda: "rogue" not in api.servers("alice"), 30, "the hub to give up the rogue spawn")
+    idle = ServerStatus(False, None, "", None)
+    wait_for(lambda: not api.servers("alice").get("rogue", idle).pending, 30, "the hub to give up the spawn")
+    assert not api.servers("alice").get("rogue", idle).ready
     assert DockerRuntime().containers_for("session") == []
+    api.stop_server("alice", "rogue")
     assert not Slice.objects.filter(released_at__isnull=True).exists()

@@ -130,10 +130,15 @@ class SimulatedBackend:
         )
 
     def _spec(self, gpu_uuid: str) -> SimulatedGpuSpec:
-        try:
+        if gpu_uuid in self.gpus:
             return self.gpus[gpu_uuid]
-        except KeyError:
-            raise BackendError(f"no simulated GPU {gpu_uuid}", code="not_found") from None
+        # Another process may have discovered it under another fleet setting: the record is the truth.
+        from sessions.gpus.models import Gpu
+
+        gpu = Gpu.objects.filter(uuid=gpu_uuid, host__backend="simulated").select_related("host").first()
+        if gpu is None:
+            raise BackendError(f"no simulated GPU {gpu_uuid}", code="not_found")
+        return SimulatedGpuSpec(gpu.host.name, gpu.index, gpu.catalog_model, gpu.sharing, gpu.share_limit)
 
     def _state(self, gpu_uuid: str) -> tuple[Layout, set[int]]:
         """The simulated device's MIG layout and the GPU-instance ids in use, in one query."""

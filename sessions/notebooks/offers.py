@@ -1,0 +1,73 @@
+"""What a person can launch on right now: one offer per MIG profile, whole GPU or share, per model."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+
+from sessions.gpus import catalog
+from sessions.gpus.allocator import SliceRequest, gpu_capacity
+from sessions.gpus.models import Gpu
+
+
+@dataclass(frozen=True)
+class Offer:
+    key: str
+    label: str
+    request: SliceRequest
+    memory_gib: float
+    free: int
+    isolated: bool
+    simulated: bool
+
+    @property
+    def price_per_hour(self) -> str:
+        return "—"  # prices arrive with billing
+
+
+def offers() -> list[Offer]:
+    free: dict[tuple[str, str, str], int] = defaultdict(int)
+    simulated: dict[str, bool] = {}
+    for gpu in Gpu.objects.filter(state=Gpu.State.OK).select_related("host"):
+        simulated[gpu.model_name] = simulated.get(gpu.model_name, True) and gpu.simulated
+        if gpu.sharing == Gpu.Sharing.MIG:
+            for profile, count in gpu_capacity(gpu).items():
+                free[("mig", gpu.model_name, profile)] += count
+        elif gpu.sharing == Gpu.Sharing.WHOLE:
+            free[("whole", gpu.model_name, "")] += int(gpu.active_slices == 0)
+        else:
+            free[("shared", gpu.model_name, "")] += max(0, gpu.share_limit - gpu.active_slices)
+    return sorted(
+        (_offer(kind, model, profile, count, simulated[model]) for (kind, model, profile), count in free.items()),
+        key=lambda offer: (offer.request.model, offer.request.kind != "mig", offer.memory_gib, offer.key),
+    )
+
+
+def _offer(kind: str, model_name: str, profile: str, count: int, simulated: bool) -> Offer:
+    model = catalog.model(model_name)
+    if kind == "mig":
+        memory = model.profile(profile).memory_gib
+        label = f"{model_name} · MIG {profile} ({memory:g} GiB)"
+    elif kind == "whole":
+        memory, label = model.memory_gib, f"{model_name} · whole GPU ({model.memory_gib:g} GiB)"
+    else:
+        memory = model.memory_gib
+        label = f"{model_name} · time-sliced share (no memory isolation)"
+    return Offer(
+        key=f"{kind}:{model_name}:{profile}",
+        label=label,
+        request=SliceRequest(kind=kind, profile=profile, model=model_name),
+        memory_gib=memory,
+        free=count,
+        isolated=kind != "shared",
+        simulated=simulated,
+    )
+
+
+def request_for(key: str) -> SliceRequest | None:
+    """Turn an offer key from a form back into a request; None if it is not a well-formed key."""
+    kind, _, rest = key.partition(":")
+    model, _, profile = rest.partition(":")
+    if kind not in {"mig", "whole", "shared"} or model not in catalog.models() or (kind == "mig") != bool(profile):
+        return None
+    return SliceRequest(kind=kind, profile=profile, model=model)

@@ -1,0 +1,72 @@
+"""The Sessions page: launch form and live session cards (htmx; works without JavaScript)."""
+
+from __future__ import annotations
+
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.contrib.auth.models import User
+from django.http import HttpResponse
+from django.shortcuts import get_object_or_404, redirect, render
+from django.views.decorators.http import require_POST
+
+from portal.http import PortalRequest
+from sessions.notebooks.forms import LaunchForm
+from sessions.notebooks.models import NotebookSession
+from sessions.notebooks.offers import offers, request_for
+from sessions.notebooks.services import Launch, LaunchRefused, start_session, stop_session
+
+PAGE = "sessions/session_list.html"
+
+
+def _page(request: PortalRequest, form: LaunchForm | None = None) -> HttpResponse:
+    user = request.user
+    assert isinstance(user, User)
+    sessions = list(
+        NotebookSession.objects.filter(owner=user)
+        .select_related("slice__gpu__host", "image")
+        .order_by("-requested_at")[:20]
+    )
+    context = {
+        "form": form or LaunchForm(offers=offers()),
+        "sessions": sessions,
+        "changing": any(s.state in (NotebookSession.State.STARTING, NotebookSession.State.STOPPING) for s in sessions),
+    }
+    target = request.htmx.target if request.htmx else None
+    if target in ("session-cards", "launch"):
+        return render(request, f"{PAGE}#{target}", context)
+    return render(request, PAGE, context)
+
+
+@login_required
+def session_list(request: PortalRequest) -> HttpResponse:
+    return _page(request)
+
+
+@login_required
+@require_POST
+def launch(request: PortalRequest) -> HttpResponse:
+    form = LaunchForm(request.POST, offers=offers())
+    if form.is_valid():
+        wanted = request_for(form.cleaned_data["offer"])
+        assert wanted is not None and isinstance(request.user, User)
+        launch = Launch(
+            wanted, form.cleaned_data["image"].pk, form.cleaned_data["server_name"], form.cleaned_data["spot"]
+        )
+        try:
+            start_session(request.user, launch)
+        except LaunchRefused as refused:
+            form.add_error(None, refused.reason)
+        else:
+            messages.success(request, f"Starting {launch.server_name}: this takes a few seconds.")
+            return redirect("session-list") if not request.htmx else _page(request)
+    return _page(request, form)
+
+
+@login_required
+@require_POST
+def stop(request: PortalRequest, session_id: int) -> HttpResponse:
+    session = get_object_or_404(NotebookSession, pk=session_id, owner=request.user)
+    assert isinstance(request.user, User)
+    stop_session(session.pk, by=request.user)
+    messages.info(request, f"Stopping {session.server_name}.")
+    return redirect("session-list") if not request.htmx else _page(request)

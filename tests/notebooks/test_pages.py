@@ -1,0 +1,87 @@
+"""The Sessions page: offers with availability, the launch form's refusals, stop, htmx partials."""
+
+from __future__ import annotations
+
+import pytest
+from django.contrib.auth.models import User
+from django.test import Client
+from django.urls import reverse
+
+from sessions.gpus.models import Slice
+from sessions.notebooks.models import NotebookImage, NotebookSession
+
+pytestmark = pytest.mark.django_db
+MIG_OFFER = "mig:H200-SXM5-141GB:1g.18gb"
+
+
+def as_user(user: User) -> Client:
+    client = Client()
+    client.force_login(user)
+    return client
+
+
+def launch(client: Client, image: NotebookImage, offer: str = MIG_OFFER, name: str = "lab"):  # type: ignore[no-untyped-def]
+    return client.post(reverse("session-launch"), {"offer": offer, "image": image.pk, "server_name": name})
+
+
+def test_the_page_offers_each_slice_with_what_is_free(notebook_image: NotebookImage, alice: User) -> None:
+    page = as_user(alice).get(reverse("session-list")).content.decode()
+    assert "H200-SXM5-141GB · MIG 1g.18gb (16 GiB) — 7 free (simulated)" in page
+    assert "H200-SXM5-141GB · MIG 7g.141gb (139.75 GiB) — 1 free (simulated)" in page
+    assert "L4-24GB · whole GPU (24 GiB) — 1 free (simulated)" in page
+    assert "No sessions yet" in page
+
+
+def test_a_launch_from_the_form_starts_a_session(notebook_image: NotebookImage, alice: User) -> None:
+    client = as_user(alice)
+    response = launch(client, notebook_image)
+    assert response.status_code == 302
+    session = NotebookSession.objects.get(owner=alice)
+    assert session.state == NotebookSession.State.STARTING
+    page = client.get(reverse("session-list")).content.decode()
+    assert "<progress" in page and 'hx-trigger="every 2s"' in page
+    assert "1g.18gb at memory slice" in page
+
+
+def test_a_refused_launch_says_why_on_the_form_and_allocates_nothing(
+    notebook_image: NotebookImage, alice: User, settings
+) -> None:  # type: ignore[no-untyped-def]
+    settings.MAX_SLICES_PER_USER = 0
+    response = launch(as_user(alice), notebook_image)
+    assert response.status_code == 200
+    assert "your limit" in response.content.decode()
+    assert not Slice.objects.exists() and not NotebookSession.objects.exists()
+
+
+@pytest.mark.parametrize("offer", ["mig:H200-SXM5-141GB:", "gpu:everything:", "mig:H9000:1g.1gb", "whole:L4-24GB:x"])
+def test_a_forged_offer_is_refused(notebook_image: NotebookImage, alice: User, offer: str) -> None:
+    response = launch(as_user(alice), notebook_image, offer=offer)
+    assert response.status_code == 200
+    assert "Select a valid choice" in response.content.decode() or "Pick one of" in response.content.decode()
+    assert not NotebookSession.objects.exists()
+
+
+def test_a_session_name_with_odd_characters_is_refused_on_the_form(notebook_image: NotebookImage, alice: User) -> None:
+    response = launch(as_user(alice), notebook_image, name="../../etc")
+    assert response.status_code == 200
+    assert "Enter a valid" in response.content.decode()
+    assert not NotebookSession.objects.exists()
+
+
+def test_nobody_stops_another_users_session_from_the_page(
+    notebook_image: NotebookImage, alice: User, bob: User
+) -> None:
+    launch(as_user(alice), notebook_image)
+    session = NotebookSession.objects.get(owner=alice)
+    assert as_user(bob).post(reverse("session-stop", args=[session.pk])).status_code == 404
+    assert "lab" not in as_user(bob).get(reverse("session-list")).content.decode().split("Your sessions")[1]
+    session.refresh_from_db()
+    assert session.state == NotebookSession.State.STARTING
+
+
+def test_htmx_polls_get_only_the_cards(notebook_image: NotebookImage, alice: User) -> None:
+    client = as_user(alice)
+    launch(client, notebook_image)
+    page = client.get(reverse("session-list"), HTTP_HX_REQUEST="true", HTTP_HX_TARGET="session-cards").content.decode()
+    assert page.lstrip().startswith('<section id="session-cards"')
+    assert "<html" not in page
