@@ -19,6 +19,7 @@ app.conf.beat_schedule = {
     "portal-heartbeat": {"task": "portal.tasks.record_heartbeat", "schedule": 60.0},
     "sync-gpus": {"task": "sessions.tasks.sync_gpus", "schedule": 300.0},
     "reconcile-sessions": {"task": "sessions.tasks.reconcile_sessions", "schedule": 20.0},
+    "cull-idle-sessions": {"task": "sessions.tasks.cull_idle_sessions", "schedule": 60.0},
 }
 
 

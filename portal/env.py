@@ -67,6 +67,19 @@ class Env:
         allowed = ", ".join(sorted(choices))
         raise ImproperlyConfigured(f"{name} must be one of {allowed} (got {value!r}).")
 
+    def minutes_map(self, name: str, default: dict[str, int]) -> dict[str, int]:
+        """Parse 'whole=20, 7g.141gb=15' into {'whole': 20, '7g.141gb': 15}."""
+        value = self.raw(name)
+        if value is None:
+            return default
+        result: dict[str, int] = {}
+        for item in filter(None, (piece.strip() for piece in value.split(","))):
+            key, _, minutes = item.partition("=")
+            if not key.strip() or not minutes.strip().isdigit() or int(minutes) < 1:
+                raise ImproperlyConfigured(f"{name} must look like 'whole=20, 7g.141gb=15' (got {item!r}).")
+            result[key.strip()] = int(minutes)
+        return result
+
     def path(self, name: str, default: Path) -> Path:
         value = self.raw(name)
         return default if not value else Path(value).expanduser().resolve()

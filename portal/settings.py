@@ -297,6 +297,12 @@ HUB_API_URL = env.text("PORTAL_HUB_API_URL", "http://127.0.0.1:8081/jupyter/hub/
 HUB_SERVICE_TOKEN = env.text("PORTAL_HUB_SERVICE_TOKEN", "") or secret_file(DATA_DIR / "hub_service_token")
 NOTEBOOK_NETWORK = env.text("PORTAL_NOTEBOOK_NETWORK", "bridge")
 MAX_SESSIONS_PER_USER = env.integer("PORTAL_MAX_SESSIONS_PER_USER", 3, minimum=1)
+# Idle culling: minutes without activity before a session stops (per profile or kind, else the default),
+# the warning shown before, and the longest any session may run.
+IDLE_TIMEOUT_MINUTES = env.integer("PORTAL_IDLE_TIMEOUT_MINUTES", 30, minimum=1)
+IDLE_TIMEOUTS = env.minutes_map("PORTAL_IDLE_TIMEOUTS", {"whole": 20, "7g.141gb": 20, "7g.80gb": 20})
+IDLE_WARNING_MINUTES = env.integer("PORTAL_IDLE_WARNING_MINUTES", 5, minimum=1)
+MAX_SESSION_HOURS = env.integer("PORTAL_MAX_SESSION_HOURS", 24, minimum=1)
 
 LOG_LEVELS = ["DEBUG", "INFO", "WARNING", "ERROR"]
 LOG_LEVEL = env.choice(

@@ -25,7 +25,15 @@ def healthz(request: HttpRequest) -> HttpResponse:
 
 @login_required
 def dashboard(request: PortalRequest) -> HttpResponse:
-    context = {"heartbeats": _heartbeats(request)}
+    from sessions.notebooks.models import NotebookSession
+
+    active = NotebookSession.objects.filter(owner_id=request.user.pk, state__in=NotebookSession.ACTIVE)
+    mine = list(active.values_list("state", "warning"))
+    context = {
+        "heartbeats": _heartbeats(request),
+        "running_sessions": sum(state == NotebookSession.State.RUNNING for state, _ in mine),
+        "session_warnings": [warning for _, warning in mine if warning],
+    }
     if request.htmx and request.htmx.target == "workers":
         return render(request, "portal/dashboard.html#workers", context)
     return render(request, "portal/dashboard.html", context)

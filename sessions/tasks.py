@@ -27,3 +27,13 @@ def reconcile_sessions() -> dict[str, int]:
     from sessions.notebooks.reconcile import reconcile
 
     return reconcile()
+
+
+@shared_task
+def cull_idle_sessions() -> dict[str, int]:
+    """Every minute: warn, then stop, sessions idle too long or past the maximum age."""
+    from sessions.notebooks.culling import cull, hub_activity
+    from sessions.notebooks.models import NotebookSession
+
+    running = list(NotebookSession.objects.filter(state=NotebookSession.State.RUNNING).select_related("owner"))
+    return cull(hub_activity(running))

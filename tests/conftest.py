@@ -133,11 +133,29 @@ def docker_engine() -> str:
     return os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
 
 
+class HubStack:
+    """JupyterHub (which runs configurable-http-proxy) in front of the portal, restartable by tests."""
+
+    def __init__(self, data: Path) -> None:
+        self.data = data
+        self.url = f"http://127.0.0.1:{STACK['public']}"
+        self.process = self._start()
+
+    def _start(self) -> subprocess.Popen[bytes]:
+        return processes.start_hub(STACK, self.data, ARTIFACTS / "logs" / "jupyterhub.log")
+
+    def restart(self) -> None:
+        processes.stop(self.process)
+        self.process = self._start()
+
+    def stop(self) -> None:
+        processes.stop(self.process)
+
+
 @pytest.fixture(scope="session")
-def hub(
+def hub_stack(
     portal_server: str, celery_worker: str, docker_engine: str, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[str]:
-    """JupyterHub and configurable-http-proxy in front of the portal; yields the public address."""
+) -> Iterator[HubStack]:
     from portal.datafiles import secret_file
     from portal.sso.clients import hub_secret_path
     from sessions.runtime.docker import DockerRuntime
@@ -145,13 +163,18 @@ def hub(
     subprocess.run([str(ROOT / "compose/bin/ensure-proxy")], check=True)
     subprocess.run([str(ROOT / "compose/bin/build-notebook-image")], check=True)
     secret_file(hub_secret_path())
-    data = tmp_path_factory.mktemp("hub")
-    process = processes.start_hub(STACK, data, ARTIFACTS / "logs" / "jupyterhub.log")
-    yield f"http://127.0.0.1:{STACK['public']}"
-    processes.stop(process)
+    stack = HubStack(tmp_path_factory.mktemp("hub"))
+    yield stack
+    stack.stop()
     runtime = DockerRuntime()
     for container_id in runtime.containers_for("session"):
         runtime.remove(container_id)
+
+
+@pytest.fixture
+def hub(hub_stack: HubStack) -> str:
+    """The public address: the proxy, with the hub under /jupyter/ and the portal everywhere else."""
+    return hub_stack.url
 
 
 @pytest.fixture

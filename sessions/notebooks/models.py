@@ -73,7 +73,9 @@ class NotebookSession(models.Model):
     failure_message = models.TextField(blank=True)
     container_id = models.CharField(max_length=80, blank=True)
     last_activity = models.DateTimeField(null=True, blank=True)
-    idle_exempt = models.BooleanField(default=False)
+    idle_exempt = models.BooleanField(default=False, help_text="Staff: never stop this session for being idle.")
+    warned_at = models.DateTimeField(null=True, blank=True, help_text="When its owner was told it will be stopped.")
+    warning = models.CharField(max_length=200, blank=True)
 
     class Meta:
         ordering = ["-requested_at"]

@@ -128,11 +128,14 @@ def record_event(session_id: int, event: str, container_id: str = "", message: s
         return session
 
 
-def stop_session(session_id: int, by: User, reason: str = NotebookSession.EndReason.USER) -> NotebookSession:
-    """Mark the session stopping and ask the hub to stop its server; the end is recorded when it is gone."""
+def stop_session(session_id: int, by: User | None, reason: str = NotebookSession.EndReason.USER) -> NotebookSession:
+    """Mark the session stopping and ask the hub to stop its server; the end is recorded when it is gone.
+
+    ``by`` is the person asking (owner or staff); None means the portal itself (culling, credit).
+    """
     with transaction.atomic():
         session = NotebookSession.objects.select_for_update().select_related("owner").get(pk=session_id)
-        if session.owner_id != by.pk and not by.is_staff:
+        if by is not None and session.owner_id != by.pk and not by.is_staff:
             raise LaunchRefused("No such session among yours.", code="not_yours")
         if not session.active:
             return session

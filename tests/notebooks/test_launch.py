@@ -14,6 +14,7 @@ from sessions.notebooks.models import NotebookImage, NotebookSession
 from sessions.notebooks.services import Launch, start_session, stop_session
 from sessions.runtime.docker import DockerRuntime
 from sessions.tasks import reconcile_sessions
+from tests.conftest import HubStack
 from tests.helpers.waiting import state_of, wait_for
 
 pytestmark = [pytest.mark.hub, pytest.mark.docker, pytest.mark.celery, pytest.mark.django_db(transaction=True)]
@@ -93,3 +94,17 @@ def test_a_launch_begun_at_the_hub_without_the_portal_starts_nothing(
     assert DockerRuntime().containers_for("session") == []
     api.stop_server("alice", "rogue")
     assert not Slice.objects.filter(released_at__isnull=True).exists()
+
+
+def test_a_hub_restart_keeps_a_running_session(hub_stack: HubStack, notebook_image: NotebookImage, alice: User) -> None:
+    session = run_one(alice, notebook_image, "survivor")
+    hub_stack.restart()
+    status = Hub().servers("alice")["survivor"]
+    assert status.ready
+    answer = requests.get(f"{hub_stack.url}{status.url}api", timeout=10, allow_redirects=False)
+    assert answer.status_code in (200, 302)
+    assert state_of(session) == NotebookSession.State.RUNNING
+    assert reconcile_sessions.delay().get(timeout=60).get("ended", 0) == 0
+    assert state_of(session) == NotebookSession.State.RUNNING
+    stop_session(session.pk, by=alice)
+    wait_for(lambda: state_of(session) == NotebookSession.State.STOPPED, 60, "the session to stop")

@@ -1,0 +1,91 @@
+"""Stopping sessions nobody uses, after a warning, and sessions past the maximum age.
+
+Idle means no activity the hub has seen (kernels, terminals, the browser)
+for longer than the session's timeout: per MIG profile or kind where set,
+else the default, so expensive slices can be freed sooner. Once live GPU
+metrics exist they will count as activity too.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from datetime import datetime, timedelta
+
+from django.conf import settings
+from django.utils import timezone
+from django.utils.dateparse import parse_datetime
+
+from portal import push
+from sessions.notebooks.models import NotebookSession
+from sessions.notebooks.services import stop_session
+
+log = logging.getLogger(__name__)
+Reason = NotebookSession.EndReason
+
+
+def idle_timeout(session: NotebookSession) -> timedelta:
+    taken = session.slice
+    keys = [taken.profile, taken.kind] if taken else []
+    minutes = next((settings.IDLE_TIMEOUTS[k] for k in keys if k in settings.IDLE_TIMEOUTS), None)
+    return timedelta(minutes=minutes or settings.IDLE_TIMEOUT_MINUTES)
+
+
+def cull(activity: Mapping[int, datetime | None], now: datetime | None = None) -> dict[str, int]:
+    """Warn or stop each running session, given the last activity the hub saw for it."""
+    now = now or timezone.now()
+    counts = {"warned": 0, "stopped": 0}
+    running = NotebookSession.objects.filter(state=NotebookSession.State.RUNNING).select_related("slice", "owner")
+    for session in running:
+        seen = [moment for moment in (activity.get(session.pk), session.last_activity, session.ready_at) if moment]
+        last = max(seen, default=session.requested_at)
+        if session.last_activity != last:
+            session.last_activity = last
+            session.save(update_fields=["last_activity"])
+        outcome = _judge(session, last, now)
+        if outcome:
+            counts[outcome] += 1
+    return counts
+
+
+def _judge(session: NotebookSession, last: datetime, now: datetime) -> str | None:
+    warning = timedelta(minutes=settings.IDLE_WARNING_MINUTES)
+    age_limit = (session.ready_at or session.requested_at) + timedelta(hours=settings.MAX_SESSION_HOURS)
+    idle_limit = last + idle_timeout(session)
+    if now >= age_limit:
+        stop_session(session.pk, by=None, reason=Reason.MAX_AGE)
+        return "stopped"
+    if not session.idle_exempt and now >= idle_limit:
+        stop_session(session.pk, by=None, reason=Reason.IDLE)
+        return "stopped"
+    deadlines = [(age_limit, "it reaches the maximum age")]
+    if not session.idle_exempt:
+        deadlines.append((idle_limit, "it is idle"))
+    deadline, why = min(deadlines)
+    if now >= deadline - warning and not session.warned_at:
+        _warn(session, now, f"{session.server_name} will be stopped at {deadline:%H:%M} UTC because {why}.")
+        return "warned"
+    return None
+
+
+def _warn(session: NotebookSession, now: datetime, text: str) -> None:
+    session.warned_at, session.warning = now, text[:200]
+    session.save(update_fields=["warned_at", "warning"])
+    push.notify_user(session.owner_id, {"type": "session.warning", "session": session.pk, "text": text})
+
+
+def hub_activity(sessions: list[NotebookSession]) -> dict[int, datetime | None]:
+    """Each session's last activity as the hub reports it (one call per person)."""
+    from sessions.notebooks.hub import Hub, HubError
+
+    hub, found = Hub(), {}
+    for username in {session.owner.get_username() for session in sessions}:
+        try:
+            servers = hub.servers(username)
+        except HubError as error:
+            log.warning("idle check: %s", error)
+            continue
+        for session in (s for s in sessions if s.owner.get_username() == username):
+            status = servers.get(session.server_name)
+            found[session.pk] = parse_datetime(status.last_activity) if status and status.last_activity else None
+    return found
