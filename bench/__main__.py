@@ -6,7 +6,7 @@ import argparse
 import importlib
 import sys
 
-BENCHMARKS = ["dashboard", "allocator"]
+BENCHMARKS = ["dashboard", "allocator", "spawn"]
 
 
 def main(argv: list[str]) -> int:

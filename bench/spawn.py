@@ -1,0 +1,237 @@
+"""Launch to JupyterLab: our portal (service call -> Celery -> hub -> PortalSpawner) against stock
+JupyterHub + DockerSpawner with the same image, and a bare `docker run` as the floor, in one run.
+
+Each figure is the time from the request to JupyterLab's /api answering 200 through
+configurable-http-proxy (the floor: directly), one server at a time, medians of --runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import secrets
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+from bench.report import Result
+from bench.server import BIN, ROOT, bench_database_url
+from bench.spawn_client import answers, wait
+
+DOCKER = "/usr/bin/docker"
+IMAGE = "gpu-portal/notebook:latest"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--runs", type=int, default=5, help="launches per contender (default 5)")
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class Stack:
+    """Processes started for one contender; stopped together."""
+
+    def __init__(self, log_dir: Path) -> None:
+        self.log_dir, self.processes = log_dir, []  # type: ignore[var-annotated]
+
+    def start(self, name: str, command: list[str], env: dict[str, str], cwd: Path = ROOT) -> None:
+        log = (self.log_dir / f"{name}.log").open("ab")
+        self.processes.append(subprocess.Popen(command, cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT))
+
+    def stop(self) -> None:
+        for process in reversed(self.processes):
+            process.terminate()
+            try:
+                process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                process.kill()
+
+
+def ours(runs: int, tmp: Path) -> list[float]:
+    ports = {name: free_port() for name in ("public", "portal", "hub", "proxy_api")}
+    public = f"http://127.0.0.1:{ports['public']}"
+    env = dict(os.environ)
+    env.update(
+        PORTAL_DATA_DIR=str(tmp / "portal"),
+        DATABASE_URL=bench_database_url(tmp),
+        PORTAL_PUBLIC_URL=public,
+        PORTAL_INTERNAL_URL=f"http://127.0.0.1:{ports['portal']}",
+        PORTAL_HUB_API_URL=f"http://127.0.0.1:{ports['hub']}/jupyter/hub/api",
+        PORTAL_HUB_PORT=str(ports["hub"]),
+        PORTAL_PROXY_API_PORT=str(ports["proxy_api"]),
+        PORTAL_HUB_DATA_DIR=str(tmp / "hub"),
+        PORTAL_NOTEBOOK_NETWORK="host",
+        PORTAL_GPU_BACKEND="simulated",
+        PORTAL_SIMULATED_FLEET="bench: 2xH200:mig",
+        PORTAL_CELERY_QUEUE="bench-spawn",
+        PORTAL_CACHE_PREFIX="bench-spawn",
+        PORTAL_CHANNEL_PREFIX="bench-spawn",
+        PORTAL_SECURE_COOKIES="false",
+        PORTAL_LOG_LEVEL="WARNING",
+        PYTHONPATH=str(ROOT),
+    )
+    (tmp / "hub").mkdir()
+    manage = [str(BIN / "python"), "manage.py"]
+    for step in (["migrate", "-v0"], ["collectstatic", "--no-input", "-v0"], ["sync_gpus"], ["register_hub_client"]):
+        subprocess.run([*manage, *step], cwd=ROOT, env=env, check=True, capture_output=True)
+    subprocess.run([*manage, "ensure_notebook_image"], cwd=ROOT, env=env, check=True, capture_output=True)
+    code = "from django.contrib.auth.models import User; User.objects.create_user('bench')"
+    subprocess.run([*manage, "shell", "-c", code], cwd=ROOT, env=env, check=True, capture_output=True)
+    stack = Stack(tmp)
+    try:
+        stack.start(
+            "daphne",
+            [str(BIN / "daphne"), "-b", "127.0.0.1", "-p", str(ports["portal"]), "portal.asgi:application"],
+            env,
+        )
+        stack.start(
+            "worker",
+            [str(BIN / "celery"), "-A", "portal", "worker", "-Q", "bench-spawn", "-c", "2", "-l", "WARNING"],
+            env,
+        )
+        stack.start(
+            "hub", [str(BIN / "jupyterhub"), "-f", str(ROOT / "compose/hub/jupyterhub_config.py")], env, tmp / "hub"
+        )
+        wait(lambda: answers_any(f"{public}/jupyter/hub/api/"), 60)
+        time.sleep(2)  # let the worker connect
+        result = subprocess.run(
+            [str(BIN / "python"), "-m", "bench.spawn_client", str(runs), public],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        return list(json.loads(result.stdout.strip().splitlines()[-1]))
+    finally:
+        stack.stop()
+
+
+def answers_any(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2):
+            return True
+    except OSError:
+        return False
+
+
+def stock(runs: int, tmp: Path) -> list[float]:
+    ports = {name: free_port() for name in ("public", "hub", "proxy_api", "server")}
+    token = secrets.token_hex(16)
+    data = tmp / "stock"
+    data.mkdir()
+    env = dict(os.environ)
+    env.update(
+        BENCH_HUB_DATA=str(data),
+        BENCH_PUBLIC_PORT=str(ports["public"]),
+        BENCH_HUB_PORT=str(ports["hub"]),
+        BENCH_PROXY_API_PORT=str(ports["proxy_api"]),
+        BENCH_SERVER_PORT=str(ports["server"]),
+        BENCH_TOKEN=token,
+    )
+    public = f"http://127.0.0.1:{ports['public']}"
+    stack = Stack(tmp)
+    try:
+        stack.start("stock-hub", [str(BIN / "jupyterhub"), "-f", str(ROOT / "bench/hub/stock_config.py")], env, data)
+        wait(lambda: answers_any(f"{public}/hub/api/"), 60)
+        api = f"http://127.0.0.1:{ports['hub']}/hub/api"
+        call(api + "/users/bench", "POST", token)
+        times = []
+        for _ in range(runs):
+            started = time.perf_counter()
+            call(api + "/users/bench/server", "POST", token)
+            wait(lambda: answers(f"{public}/user/bench/api"))
+            times.append(time.perf_counter() - started)
+            call(api + "/users/bench/server", "DELETE", token)
+            wait(lambda: not container_exists("bench-stock-bench"), 60)
+        return times
+    finally:
+        stack.stop()
+
+
+def call(url: str, method: str, token: str) -> None:
+    request = urllib.request.Request(url, method=method, headers={"Authorization": f"token {token}"}, data=b"{}")
+    with urllib.request.urlopen(request, timeout=30):
+        return
+
+
+def container_exists(name: str) -> bool:
+    out = subprocess.run([DOCKER, "ps", "-aq", "--filter", f"name=^{name}$"], capture_output=True, text=True)
+    return bool(out.stdout.strip())
+
+
+def floor(runs: int) -> list[float]:
+    times = []
+    for number in range(runs):
+        port, name = free_port(), f"bench-floor-{number}"
+        command = [
+            DOCKER,
+            "run",
+            "-d",
+            "--rm",
+            "--name",
+            name,
+            "--network",
+            "host",
+            IMAGE,
+            "jupyter",
+            "lab",
+            "--ip",
+            "127.0.0.1",
+            f"--port={port}",
+            "--no-browser",
+            "--ServerApp.token=",
+            "--ServerApp.password=",
+        ]
+        started = time.perf_counter()
+        subprocess.run(command, check=True, capture_output=True)
+        wait(lambda port=port: answers(f"http://127.0.0.1:{port}/api"))
+        times.append(time.perf_counter() - started)
+        subprocess.run([DOCKER, "rm", "-f", name], capture_output=True)
+    return times
+
+
+def run(args: argparse.Namespace) -> Result:
+    subprocess.run([str(ROOT / "compose/bin/ensure-docker")], check=True, capture_output=True)
+    subprocess.run([str(ROOT / "compose/bin/ensure-proxy")], check=True)
+    subprocess.run([str(ROOT / "compose/bin/build-notebook-image")], check=True)
+    with tempfile.TemporaryDirectory(prefix="bench-spawn-") as name:
+        tmp = Path(name)
+        figures = {"ours": ours(args.runs, tmp), "stock": stock(args.runs, tmp), "floor": floor(args.runs)}
+    medians = {key: round(statistics.median(values), 3) for key, values in figures.items()}
+    details = {
+        "medians_s": medians,
+        "runs_s": {key: [round(v, 3) for v in values] for key, values in figures.items()},
+        "ours_vs_floor": round(medians["ours"] / medians["floor"], 3),
+        "concurrency": "not measured yet (8-way burst is an open item)",
+    }
+    print(json.dumps(details, indent=2))
+    result = Result(
+        name="spawn",
+        metric="launch_to_ready_median_s",
+        value=medians["ours"],
+        baseline_name="stock JupyterHub + DockerSpawner, same image and proxy",
+        baseline=medians["stock"],
+        better="lower",
+        goal="ratio <= 0.8",
+        goal_ratio=0.8,
+        unit="s",
+        details=details,
+    )
+    result.write()
+    return result
+
+
+if __name__ == "__main__":
+    sys.exit(0)
