@@ -74,9 +74,21 @@ class PortalSpawner(DockerSpawner):
         url = f"{self.portal_url.rstrip('/')}/internal/notebooks/{path}"
         return await asyncio.to_thread(requests.request, method, url, headers=headers, timeout=10, **kwargs)
 
-    async def _report(self, event: str, **body: Any) -> None:
+    def _report_soon(self, event: str, **body: Any) -> None:
+        """Report without holding up the launch; reports still reach the portal in order."""
+        previous = getattr(self, "_last_report", None)
+        session_id = self.session_id  # the state may be cleared before this is sent
+
+        async def send() -> None:
+            if previous is not None:
+                await asyncio.shield(previous)
+            await self._report(event, session_id, **body)
+
+        self._last_report = asyncio.ensure_future(send())
+
+    async def _report(self, event: str, session_id: int, **body: Any) -> None:
         try:
-            response = await self._portal("POST", "events", json={"session": self.session_id, "event": event, **body})
+            response = await self._portal("POST", "events", json={"session": session_id, "event": event, **body})
             if response.status_code != 200:
                 self.log.warning("portal refused event %s: %s", event, response.text[:200])
         except requests.RequestException as error:
@@ -122,15 +134,15 @@ class PortalSpawner(DockerSpawner):
 
     async def start(self) -> tuple[str, int]:
         self._apply(await self._fetch_spec())
-        await self._report("progress", message="Creating the container")
+        self._report_soon("progress", message="Creating the container")
         try:
             ip, port = await super().start()
-            await self._report("container_started", container_id=self.container_id)
+            self._report_soon("container_started", container_id=self.container_id)
             await self._wait_until_answering(ip, port)
         except Exception as error:
-            await self._report("failed", message=str(error))
+            self._report_soon("failed", message=str(error))
             raise
-        await self._report("ready")
+        self._report_soon("ready")
         return ip, port
 
     async def _wait_until_answering(self, ip: str, port: int) -> None:
@@ -150,4 +162,4 @@ class PortalSpawner(DockerSpawner):
         await super().stop(now=now)
         if session_id:
             self.session_id = session_id
-            await self._report("stopped")
+            self._report_soon("stopped")
