@@ -12,7 +12,7 @@ from playwright.sync_api import Page, expect
 from sessions.gpus.allocator import SliceRequest, allocate
 from sessions.gpus.backends import get_backend
 from sessions.gpus.models import Gpu
-from tests.factories import PASSWORD
+from tests.e2e.conftest import log_in
 from tests.gpus.conftest import use_fleet
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -26,14 +26,6 @@ def sim_fleet(settings) -> Iterator[list[Gpu]]:  # type: ignore[no-untyped-def]
     settings.MAX_SLICES_PER_USER = 10
     yield use_fleet(settings, "sim-1: 2xH200:mig, 1xA30:shared=4")
     get_backend.cache_clear()
-
-
-def log_in(page: Page, base_url: str, username: str) -> None:
-    page.goto(base_url + "/accounts/login/")
-    page.get_by_label("Username").fill(username)
-    page.get_by_label("Password").fill(PASSWORD)
-    page.get_by_role("button", name="Log in").click()
-    expect(page.get_by_role("heading", level=1)).to_have_text("Dashboard")
 
 
 def test_an_operator_applies_a_layout_and_sees_who_holds_which_slice(

@@ -11,18 +11,10 @@ from playwright.sync_api import Browser, Page, expect
 from sessions.gpus.allocator import SliceRequest
 from sessions.notebooks.models import NotebookImage, NotebookSession
 from sessions.notebooks.services import Launch, start_session
-from tests.factories import PASSWORD
+from tests.e2e.conftest import log_in
 from tests.helpers.waiting import state_of, wait_for
 
 pytestmark = [pytest.mark.hub, pytest.mark.docker, pytest.mark.celery, pytest.mark.django_db(transaction=True)]
-
-
-def log_in(page: Page, public: str, username: str) -> None:
-    page.goto(public + "/accounts/login/")
-    page.get_by_label("Username").fill(username)
-    page.get_by_label("Password").fill(PASSWORD)
-    page.get_by_role("button", name="Log in").click()
-    expect(page.get_by_role("heading", level=1)).to_have_text("Dashboard")
 
 
 def test_jupyterlab_opens_through_the_proxy_with_the_portal_login_and_not_for_others(

@@ -71,6 +71,26 @@ def wait_until(check: Callable[[], bool], timeout: float, what: str, process: su
     raise TimeoutError(f"{what} was not ready within {timeout} s")
 
 
+def answers_200(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=1) as response:
+            return bool(response.status == 200)
+    except OSError:
+        return False
+
+
+def ready_or_stopped(
+    process: subprocess.Popen[bytes], check: Callable[[], bool], timeout: float, what: str
+) -> subprocess.Popen[bytes]:
+    """Wait for a helper process to answer; if it does not, stop it and say so."""
+    try:
+        wait_until(check, timeout, what, process)
+    except Exception:
+        stop(process)
+        raise
+    return process
+
+
 def stop(process: subprocess.Popen[bytes]) -> None:
     if process.poll() is None:
         process.terminate()
@@ -91,19 +111,7 @@ def start_daphne(port: int, log_path: Path) -> subprocess.Popen[bytes]:
         stderr=subprocess.STDOUT,
     )
 
-    def answers() -> bool:
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=1) as response:
-                return bool(response.status == 200)
-        except OSError:
-            return False
-
-    try:
-        wait_until(answers, 30, "daphne", process)
-    except Exception:
-        stop(process)
-        raise
-    return process
+    return ready_or_stopped(process, lambda: answers_200(f"http://127.0.0.1:{port}/healthz"), 30, "daphne")
 
 
 def start_celery_worker(name: str, log_path: Path) -> subprocess.Popen[bytes]:
@@ -133,15 +141,7 @@ def start_celery_worker(name: str, log_path: Path) -> subprocess.Popen[bytes]:
         stderr=subprocess.STDOUT,
     )
 
-    def answers() -> bool:
-        return bool(app.control.ping(destination=[name], timeout=0.5))
-
-    try:
-        wait_until(answers, 60, "celery worker", process)
-    except Exception:
-        stop(process)
-        raise
-    return process
+    return ready_or_stopped(process, lambda: bool(app.control.ping(destination=[name], timeout=0.5)), 60, "worker")
 
 
 def start_hub(stack: dict[str, int], data_dir: Path, log_path: Path) -> subprocess.Popen[bytes]:
@@ -162,17 +162,5 @@ def start_hub(stack: dict[str, int], data_dir: Path, log_path: Path) -> subproce
         stderr=subprocess.STDOUT,
     )
 
-    def answers() -> bool:
-        try:
-            url = f"http://127.0.0.1:{stack['public']}/jupyter/hub/api/"
-            with urllib.request.urlopen(url, timeout=1) as response:
-                return bool(response.status == 200)
-        except OSError:
-            return False
-
-    try:
-        wait_until(answers, 60, "jupyterhub", process)
-    except Exception:
-        stop(process)
-        raise
-    return process
+    hub_api = f"http://127.0.0.1:{stack['public']}/jupyter/hub/api/"
+    return ready_or_stopped(process, lambda: answers_200(hub_api), 60, "jupyterhub")
