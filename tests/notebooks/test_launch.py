@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import uuid
+
 import pytest
 import requests
 from django.contrib.auth.models import User
@@ -108,3 +110,18 @@ def test_a_hub_restart_keeps_a_running_session(hub_stack: HubStack, notebook_ima
     assert state_of(session) == NotebookSession.State.RUNNING
     stop_session(session.pk, by=alice)
     wait_for(lambda: state_of(session) == NotebookSession.State.STOPPED, 60, "the session to stop")
+
+
+def test_a_persons_work_folder_outlives_their_sessions(hub: str, notebook_image: NotebookImage, alice: User) -> None:
+    runtime = DockerRuntime()
+    first = run_one(alice, notebook_image, "writer")
+    [container_id] = runtime.containers_for("session", str(first.pk))
+    token = uuid.uuid4().hex  # the volume may hold files from earlier runs of this test
+    runtime.run_in(container_id, ["sh", "-c", f"echo {token} > /home/jovyan/work/notes.txt"])
+    stop_session(first.pk, by=alice)
+    wait_for(lambda: state_of(first) == NotebookSession.State.STOPPED, 60, "the first session to stop")
+    second = run_one(alice, notebook_image, "reader")
+    [container_id] = runtime.containers_for("session", str(second.pk))
+    assert runtime.run_in(container_id, ["cat", "/home/jovyan/work/notes.txt"]).strip() == token
+    stop_session(second.pk, by=alice)
+    wait_for(lambda: state_of(second) == NotebookSession.State.STOPPED, 60, "the second session to stop")
