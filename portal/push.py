@@ -5,6 +5,8 @@ Callers hand over plain data; the consumer forwards it unchanged.
 
 from __future__ import annotations
 
+import asyncio
+import threading
 from typing import Any
 
 from asgiref.sync import async_to_sync
@@ -20,4 +22,17 @@ def notify_user(user_id: int, payload: dict[str, Any]) -> None:
     layer = get_channel_layer()
     if layer is None:
         return
-    async_to_sync(layer.group_send)(user_group(user_id), {"type": "notify", "payload": payload})
+    message = {"type": "notify", "payload": payload}
+
+    def send() -> None:
+        async_to_sync(layer.group_send)(user_group(user_id), message)
+
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        send()
+        return
+    # Called from a thread that runs an event loop: async_to_sync cannot run here, a helper thread can.
+    helper = threading.Thread(target=send)
+    helper.start()
+    helper.join()

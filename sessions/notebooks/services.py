@@ -65,8 +65,18 @@ def start_session(owner: User, launch: Launch) -> NotebookSession:
             raise LaunchRefused(refused.reason, code=refused.code) from None
         session.state, session.progress, session.progress_message = State.STARTING, 10, "Slice allocated"
         session.save(update_fields=["slice", "state", "progress", "progress_message"])
+        _announce(session)
         transaction.on_commit(lambda: _ask_hub_to_start(session.pk))
     return session
+
+
+def _announce(session: NotebookSession) -> None:
+    """Tell the owner's open pages, once the change is committed, that a session changed."""
+    from portal import push
+
+    payload = {"type": "session.changed", "session": session.pk, "state": session.state}
+    # robust: a notice that cannot be sent must never undo or fail a state change.
+    transaction.on_commit(lambda: push.notify_user(session.owner_id, payload), robust=True)
 
 
 def _check_session_limits(owner: User, server_name: str) -> None:
@@ -125,6 +135,7 @@ def record_event(session_id: int, event: str, container_id: str = "", message: s
             session.failure_message = message[:2000]
             return _end(session, NotebookSession.EndReason.FAILURE, failed=True)
         session.save()
+        _announce(session)
         return session
 
 
@@ -141,6 +152,7 @@ def stop_session(session_id: int, by: User | None, reason: str = NotebookSession
             return session
         session.state, session.ended_reason = State.STOPPING, reason
         session.save(update_fields=["state", "ended_reason"])
+        _announce(session)
     from sessions.notebooks.hub import Hub, HubError
 
     try:
@@ -190,6 +202,7 @@ def _end(
     session.state = State.FAILED if failed else State.STOPPED
     session.ended_reason = session.ended_reason or reason or NotebookSession.EndReason.RECONCILIATION
     session.save()
+    _announce(session)
     if session.slice_id and session.slice and session.slice.active:
         release(session.slice_id, reason=f"notebook {session.state}")
     return session

@@ -39,7 +39,7 @@ def test_a_launch_from_the_form_starts_a_session(notebook_image: NotebookImage, 
     session = NotebookSession.objects.get(owner=alice)
     assert session.state == NotebookSession.State.STARTING
     page = client.get(reverse("session-list")).content.decode()
-    assert "<progress" in page and 'hx-trigger="every 2s"' in page
+    assert "<progress" in page and 'hx-trigger="sessions-changed from:body, every 3s"' in page
     assert "1g.18gb at memory slice" in page
 
 
