@@ -27,6 +27,9 @@ c.JupyterHub.allow_named_servers = True
 c.JupyterHub.named_server_limit_per_user = 0
 c.JupyterHub.tornado_settings = {"slow_spawn_timeout": 0}
 c.JupyterHub.cleanup_servers = False  # a hub restart must not stop running sessions
+# The hub's own home and "not running" pages send people to the portal, where sessions start.
+c.JupyterHub.template_paths = [str(ROOT / "compose/hub/templates")]
+c.JupyterHub.template_vars = {"portal_sessions_url": f"{PUBLIC}/sessions/"}
 
 c.ConfigurableHTTPProxy.api_url = f"http://127.0.0.1:{PROXY_API_PORT}"
 c.ConfigurableHTTPProxy.command = [

@@ -28,6 +28,10 @@ def test_jupyterlab_opens_through_the_proxy_with_the_portal_login_and_not_for_ot
     expect(page).to_have_title(re.compile("JupyterLab"), timeout=30_000)
     page.wait_for_timeout(1500)
     page.screenshot(path="artifacts/screenshots/jupyterlab-through-sso.png")
+    page.goto(hub + "/jupyter/hub/home")
+    expect(page.get_by_role("heading", level=1)).to_have_text("Your sessions live in the portal")
+    page.get_by_role("button", name="Go to your sessions").click()
+    expect(page).to_have_url(hub + "/sessions/")
 
     other = browser.new_context()
     bobs_page = other.new_page()
