@@ -13,7 +13,6 @@ import os
 import secrets
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 import urllib.request
@@ -231,7 +230,3 @@ def run(args: argparse.Namespace) -> Result:
     )
     result.write()
     return result
-
-
-if __name__ == "__main__":
-    sys.exit(0)

@@ -66,7 +66,7 @@ def start_session(owner: User, launch: Launch) -> NotebookSession:
         session.state, session.progress, session.progress_message = State.STARTING, 10, "Slice allocated"
         session.save(update_fields=["slice", "state", "progress", "progress_message"])
         _announce(session)
-        transaction.on_commit(lambda: _ask_hub_to_start(session.pk))
+        transaction.on_commit(lambda: _enqueue_start(session.pk))
     return session
 
 
@@ -89,7 +89,7 @@ def _check_session_limits(owner: User, server_name: str) -> None:
         raise LaunchRefused(f"You have {settings.MAX_SESSIONS_PER_USER} sessions, your limit; stop one first.")
 
 
-def _ask_hub_to_start(session_id: int) -> None:
+def _enqueue_start(session_id: int) -> None:
     from sessions.tasks import start_notebook
 
     start_notebook.delay(session_id)

@@ -26,12 +26,13 @@ def _page(request: PortalRequest, form: LaunchForm | None = None) -> HttpRespons
         .select_related("slice__gpu__host", "image")
         .order_by("-requested_at")[:20]
     )
-    context = {
-        "form": form or LaunchForm(offers=offers()),
+    context: dict[str, object] = {
         "sessions": sessions,
         "changing": any(s.state in (NotebookSession.State.STARTING, NotebookSession.State.STOPPING) for s in sessions),
     }
     target = request.htmx.target if request.htmx else None
+    if target != "session-cards":  # the cards poll often and show no form: skip the fleet-wide offers
+        context["form"] = form or LaunchForm(offers=offers())
     if target in ("session-cards", "launch"):
         return render(request, f"{PAGE}#{target}", context)
     return render(request, PAGE, context)
