@@ -11,25 +11,28 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from django.conf import settings
 from django.contrib.auth.models import User
-from django.db import transaction
-from django.db.models import Exists, F, Min, OuterRef, Q, QuerySet, Subquery
+from django.db import connection, transaction
+from django.db.models import Exists, F, OuterRef, QuerySet
 from django.utils import timezone
 
 from sessions.gpus import catalog, placement
 from sessions.gpus.backends import BackendError, backend_for_host
 from sessions.gpus.catalog import GpuModel, Profile
-from sessions.gpus.models import Gpu, GpuInstance, Slice, SliceQuota
+from sessions.gpus.models import Gpu, GpuHost, GpuInstance, Slice, SliceQuota
 from sessions.gpus.placement import Layout
+from sessions.gpus.sql import Rows, Statement, batch, for_update, one
 
 log = logging.getLogger(__name__)
 Rule = Callable[[GpuModel, Sequence[tuple[Any, Layout]], Profile], tuple[Any, int] | None]
 
 
-LAYOUT_FIELDS = ("memory_mask", "compute_used", "profile_counts", "layout_key")
+GPU, HOST, INSTANCE = Gpu._meta.db_table, GpuHost._meta.db_table, GpuInstance._meta.db_table
+SLICE, QUOTA, USER = Slice._meta.db_table, SliceQuota._meta.db_table, User._meta.db_table
 
 
 @dataclass(frozen=True)
@@ -56,23 +59,35 @@ class ReleaseRefused(Exception):
 
 def allocate(owner: User, request: SliceRequest, holder: str = "", rule: Rule = placement.choose) -> Slice:
     with transaction.atomic():
-        _check_limit(owner)
         if request.kind == Slice.Kind.MIG:
-            return _allocate_mig(owner, request, holder, rule)
+            # The first look at the fleet rides along with the limit check: one round trip fewer.
+            models = _catalog_models_with(request)
+            first = [_groups(request, models[0], models[0].profile(request.profile))] if models else []
+            return _allocate_mig(owner, request, holder, rule, models, _check_limit(owner, *first))
+        _check_limit(owner)
         if request.kind in (Slice.Kind.WHOLE, Slice.Kind.SHARED):
             return _allocate_gpu(owner, request, holder)
         raise AllocationRefused(f"Unknown kind of slice {request.kind!r}.", code="bad_request")
 
 
-def _check_limit(owner: User) -> None:
-    # Lock the owner's row first, so one person's parallel requests queue here; the count
-    # must be a separate statement: a subquery would read the snapshot from before the wait.
-    quota = SliceQuota.objects.filter(user=OuterRef("pk")).values("max_slices")[:1]
-    row = User.objects.select_for_update().filter(pk=owner.pk).annotate(quota=Subquery(quota))
-    found = row.values_list("quota").first()
-    limit = int(settings.MAX_SLICES_PER_USER) if not found or found[0] is None else found[0]
-    if Slice.objects.filter(owner=owner, released_at__isnull=True).count() >= limit:
+def _check_limit(owner: User, *also: Statement) -> list[Rows]:
+    """Refuse if the owner holds their limit of slices; else return the rows of the ``also`` statements."""
+    # Lock the owner's row first, so one person's parallel requests queue here; the count is
+    # its own statement (same round trip), so it reads a snapshot taken after the lock was won.
+    quota, held, *rest = batch(
+        (
+            f"SELECT q.max_slices FROM {USER} u LEFT JOIN {QUOTA} q ON q.user_id = u.id WHERE u.id = %s"
+            + for_update(of="u"),
+            [owner.pk],
+        ),
+        (f"SELECT count(*) FROM {SLICE} WHERE owner_id = %s AND released_at IS NULL", [owner.pk]),
+        *also,
+    )
+    found = quota[0][0] if quota else None
+    limit = int(settings.MAX_SLICES_PER_USER) if found is None else int(found)
+    if held[0][0] >= limit:
         raise AllocationRefused(f"You already hold {limit} slice(s), your limit; stop one first.", code="quota")
+    return rest
 
 
 def _gpus(request: SliceRequest, sharing: str) -> QuerySet[Gpu]:
@@ -94,11 +109,12 @@ def _catalog_models_with(request: SliceRequest) -> list[GpuModel]:
     return found
 
 
-def _allocate_mig(owner: User, request: SliceRequest, holder: str, rule: Rule) -> Slice:
-    models = _catalog_models_with(request)
-    for model in models:
+def _allocate_mig(
+    owner: User, request: SliceRequest, holder: str, rule: Rule, models: list[GpuModel], looked: list[Rows]
+) -> Slice:
+    for number, model in enumerate(models):
         profile = model.profile(request.profile)
-        taken = _place(owner, request, model, profile, holder, rule)
+        taken = _place(owner, request, model, profile, holder, rule, looked[0] if number == 0 else None)
         if taken:
             return taken
     fleet_models = set(_gpus(request, Gpu.Sharing.MIG).values_list("model_name", flat=True).distinct())
@@ -124,52 +140,122 @@ def _take_layout_instance(owner: User, gpus: QuerySet[Gpu], profile: Profile, ho
 
 
 def _place(
-    owner: User, request: SliceRequest, model: GpuModel, profile: Profile, holder: str, rule: Rule
+    owner: User,
+    request: SliceRequest,
+    model: GpuModel,
+    profile: Profile,
+    holder: str,
+    rule: Rule,
+    found: Rows | None = None,
 ) -> Slice | None:
     """A free instance of a static layout if there is one, else a new instance where the rule says.
 
     Dynamic GPUs are grouped by layout: a fleet of a thousand GPUs has far fewer
     distinct layouts, and any GPU of the chosen layout is as good as another.
     """
-    room = model.compute_slices - profile.compute_slices
-    gpus = _gpus(request, Gpu.Sharing.MIG).filter(model_name=model.name)
-    fitting = gpus.filter(Q(mig_policy=Gpu.Policy.STATIC) | Q(compute_used__lte=room))
-    groups = fitting.values("mig_policy", "layout_key").annotate(first_id=Min("id")).order_by("first_id")
     for _attempt in range(20):
-        found = list(groups)
-        if any(group["mig_policy"] == Gpu.Policy.STATIC for group in found):
-            taken = _take_layout_instance(owner, gpus, profile, holder)
+        found = found if found is not None else one(*_groups(request, model, profile))
+        if any(policy == Gpu.Policy.STATIC for policy, _, _ in found):
+            taken = _take_layout_instance(owner, _gpus(request, Gpu.Sharing.MIG), profile, holder)
             if taken:
                 return taken
-        candidates = [
-            (group, Layout.from_key(group["layout_key"]))
-            for group in found
-            if group["mig_policy"] == Gpu.Policy.DYNAMIC
-        ]
+        candidates = [(key, Layout.from_key(key)) for policy, key, _ in found if policy == Gpu.Policy.DYNAMIC]
         choice = rule(model, candidates, profile)
         if choice is None:
             return None
-        group, start = choice
-        same = gpus.filter(mig_policy=Gpu.Policy.DYNAMIC, layout_key=group["layout_key"])
-        same = same.select_for_update(skip_locked=True).select_related("host")
-        # Try the group's first GPU by key; only if a parallel request holds it, look for its twins.
-        locked = same.filter(pk=group["first_id"]).first() or same.order_by("id").first()
-        if locked is not None:
-            return _place_on(owner, locked, model, profile, start, holder)
+        key, start = choice
+        taken = _claim(owner, request, model, profile, Layout.from_key(key), start, holder)
+        if taken:
+            return taken
+        found = None
     return None  # every GPU we chose was taken by parallel requests; the caller reports no capacity
 
 
-def _place_on(owner: User, gpu: Gpu, model: GpuModel, profile: Profile, start: int, holder: str) -> Slice:
-    layout = gpu.layout()
+def _groups(request: SliceRequest, model: GpuModel, profile: Profile) -> Statement:
+    """The distinct layouts among GPUs where ``profile`` may fit, each with its first GPU's id."""
+    where, params = _placeable(request, model)
+    return (
+        f"SELECT mig_policy, layout_key, min(id) FROM {GPU} WHERE {where}"
+        " AND (mig_policy = 'static' OR compute_used <= %s) GROUP BY mig_policy, layout_key ORDER BY 3",
+        [*params, model.compute_slices - profile.compute_slices],
+    )
+
+
+def _placeable(request: SliceRequest, model: GpuModel) -> tuple[str, list[Any]]:
+    """The WHERE clause (and its parameters) for working MIG GPUs of ``model`` the request may use."""
+    where, params = "sharing = 'mig' AND state = 'ok' AND model_name = %s", [model.name]
+    if request.host:
+        where += f" AND host_id IN (SELECT id FROM {HOST} WHERE name = %s)"
+        params.append(request.host)
+    return where, params
+
+
+def _claim(
+    owner: User, request: SliceRequest, model: GpuModel, profile: Profile, layout: Layout, start: int, holder: str
+) -> Slice | None:
+    """Lock the first free GPU with this layout and write its new layout, in one statement.
+
+    The lock skips GPUs that parallel requests hold and re-checks the layout of the
+    row it takes, so two requests never place on the same old picture of a GPU.
+    Returns None when every GPU with that layout was taken meanwhile.
+    """
+    where, params = _placeable(request, model)
+    after = layout.with_instance(profile, start)
+    claimed = one(
+        f"UPDATE {GPU} SET memory_mask = %s, compute_used = %s, profile_counts = %s, layout_key = %s,"
+        f" active_slices = active_slices + 1 WHERE id = (SELECT id FROM {GPU} WHERE {where}"
+        " AND mig_policy = 'dynamic' AND compute_used = %s AND layout_key = %s ORDER BY id LIMIT 1"
+        f"{for_update(skip_locked=True)}) RETURNING id, uuid, (SELECT backend FROM {HOST} WHERE id = host_id)",
+        [*_layout_values(after), *params, layout.compute_used, layout.key],
+    )
+    if not claimed:
+        return None
+    gpu_id, gpu_uuid, backend = claimed[0]
     try:
-        made = backend_for_host(gpu.host.backend).create_instance(gpu.uuid, profile, start)
+        made = backend_for_host(backend).create_instance(gpu_uuid, profile, start)
     except BackendError as error:
         raise AllocationRefused(f"The GPU host refused the slice: {error}", code="backend") from None
-    instance = GpuInstance.record(gpu, made, GpuInstance.Origin.DYNAMIC)
-    gpu.set_layout(layout.with_instance(profile, start))
-    gpu.active_slices += 1
-    gpu.save(update_fields=[*LAYOUT_FIELDS, "active_slices"])
-    return _record(owner, gpu, instance, profile, holder)
+    values = {
+        "gpu_id": gpu_id,
+        "kind": Slice.Kind.MIG,
+        "profile": profile.name,
+        "placement_start": made.start,
+        "placement_size": made.size,
+        "compute_slices": profile.compute_slices,
+        "memory_gib": profile.memory_gib,
+        "device_uuid": made.device_uuid,
+        "owner_id": owner.pk,
+        "holder": holder,
+        "allocated_at": timezone.now(),
+        "released_at": None,
+        "release_reason": "",
+    }
+    columns = ", ".join(name for name in values if name != "instance_id")
+    instance, inserted = batch(
+        (
+            f"INSERT INTO {INSTANCE} (gpu_id, profile, start, size, gi_id, ci_id, device_uuid, origin)"
+            " VALUES (%s, %s, %s, %s, %s, %s, %s, %s) RETURNING id",
+            [gpu_id, made.profile, made.start, made.size, made.gi_id, made.ci_id, made.device_uuid, "dynamic"],
+        ),
+        (
+            f"INSERT INTO {SLICE} (instance_id, {columns}) VALUES"
+            f" ((SELECT id FROM {INSTANCE} WHERE device_uuid = %s), {', '.join(['%s'] * len(values))}) RETURNING id",
+            [made.device_uuid, *_db_values(values)],
+        ),
+    )
+    values.update(id=inserted[0][0], instance_id=instance[0][0])
+    names = [field.attname for field in Slice._meta.concrete_fields]
+    return Slice.from_db(connection.alias, names, [values[name] for name in names])
+
+
+def _layout_values(layout: Layout) -> list[Any]:
+    counts = Gpu._meta.get_field("profile_counts").get_db_prep_save(dict(layout.counts), connection)
+    return [layout.memory_mask, layout.compute_used, counts, layout.key]
+
+
+def _db_values(values: dict[str, Any]) -> list[Any]:
+    adapt = connection.ops.adapt_datetimefield_value
+    return [adapt(value) if isinstance(value, datetime) else value for value in values.values()]
 
 
 def _record(owner: User, gpu: Gpu, instance: GpuInstance, profile: Profile, holder: str) -> Slice:
@@ -213,25 +299,55 @@ def _allocate_gpu(owner: User, request: SliceRequest, holder: str) -> Slice:
     )
 
 
-def release(slice_id: int, by: User | None = None, reason: str = "released") -> Slice:
+def release(slice_id: int, by: User | None = None, reason: str = "released") -> None:
     """Give a slice back. ``by`` is checked: only the owner or staff may release it."""
+    mine = by is not None and not by.is_staff
     with transaction.atomic():
-        taken = Slice.objects.select_for_update(of=("self",)).select_related("instance").filter(pk=slice_id).first()
-        if taken is None or (by is not None and taken.owner_id != by.pk and not by.is_staff):
-            raise ReleaseRefused("No such slice among yours.")
-        if taken.released_at is not None:
-            raise ReleaseRefused("This slice was already released.")
-        gpu = Gpu.objects.select_for_update().select_related("host").get(pk=taken.gpu_id)
-        instance = taken.instance
-        taken.released_at, taken.release_reason = timezone.now(), reason[:100]
-        taken.save(update_fields=["released_at", "release_reason"])
-        if instance is not None and instance.origin == GpuInstance.Origin.DYNAMIC:
-            backend_for_host(gpu.host.backend).destroy_instance(gpu.uuid, instance.gi_id)
-            gpu.set_layout(gpu.layout().without_instance(gpu.catalog_model.profile(instance.profile), instance.start))
-            instance.delete()
-        gpu.active_slices -= 1
-        gpu.save(update_fields=[*LAYOUT_FIELDS, "active_slices"])
-        return taken
+        # One round trip: mark the slice released (its row lock makes a second release wait, then
+        # find nothing), then lock its GPU and read what the bookkeeping needs.
+        released, found = batch(
+            (
+                f"UPDATE {SLICE} SET released_at = %s, release_reason = %s WHERE id = %s AND released_at IS NULL"
+                + (" AND owner_id = %s" if mine else "")
+                + " RETURNING gpu_id",
+                [connection.ops.adapt_datetimefield_value(timezone.now()), reason[:100], slice_id]
+                + ([by.pk] if mine and by else []),
+            ),
+            (
+                f"SELECT g.id, g.uuid, g.model_name, g.layout_key, h.backend, i.id, i.profile, i.start, i.gi_id,"
+                f" i.origin FROM {GPU} g JOIN {HOST} h ON h.id = g.host_id LEFT JOIN {INSTANCE} i"
+                f" ON i.id = (SELECT instance_id FROM {SLICE} WHERE id = %s)"
+                f" WHERE g.id = (SELECT gpu_id FROM {SLICE} WHERE id = %s)" + for_update(of="g"),
+                [slice_id, slice_id],
+            ),
+        )
+        if not released:
+            _refuse_release(slice_id, by)
+        gpu_id, gpu_uuid, model_name, key, backend, instance_id, profile, start, gi_id, origin = found[0]
+        statements = []
+        layout = Layout.from_key(key)
+        if instance_id is not None and origin == GpuInstance.Origin.DYNAMIC:
+            backend_for_host(backend).destroy_instance(gpu_uuid, gi_id)
+            layout = layout.without_instance(catalog.model(model_name).profile(profile), start)
+            statements = [
+                (f"UPDATE {SLICE} SET instance_id = NULL WHERE instance_id = %s", [instance_id]),
+                (f"DELETE FROM {INSTANCE} WHERE id = %s", [instance_id]),
+            ]
+        batch(
+            *statements,
+            (
+                f"UPDATE {GPU} SET memory_mask = %s, compute_used = %s, profile_counts = %s, layout_key = %s,"
+                " active_slices = active_slices - 1 WHERE id = %s",
+                [*_layout_values(layout), gpu_id],
+            ),
+        )
+
+
+def _refuse_release(slice_id: int, by: User | None) -> None:
+    taken = Slice.objects.filter(pk=slice_id).values_list("owner_id", "released_at").first()
+    if taken is None or (by is not None and taken[0] != by.pk and not by.is_staff):
+        raise ReleaseRefused("No such slice among yours.")
+    raise ReleaseRefused("This slice was already released.")
 
 
 def free_capacity(model_name: str | None = None) -> dict[str, int]:

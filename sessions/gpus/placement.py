@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from functools import cache
+from functools import cache, lru_cache
 from typing import TypeVar
 
 from sessions.gpus.catalog import GpuModel, Profile
@@ -34,6 +34,7 @@ class Layout:
         return f"{self.memory_mask}:{self.compute_used}:{counts}"
 
     @classmethod
+    @lru_cache(maxsize=4096)  # layouts repeat across a fleet; Layout is immutable
     def from_key(cls, key: str) -> Layout:
         mask, compute, counts = key.split(":", 2)
         pairs = [item.split("=") for item in counts.split(",") if item]
