@@ -3,7 +3,10 @@
 from django.urls import path
 
 from portal.consumers import NotificationConsumer
+from sessions.metrics.consumers import MetricsConsumer
 
 websocket_urlpatterns = [
     path("ws/notifications/", NotificationConsumer.as_asgi()),
+    path("ws/metrics/sessions/<int:session_id>/", MetricsConsumer.as_asgi()),
+    path("ws/metrics/<str:stream>/", MetricsConsumer.as_asgi()),
 ]

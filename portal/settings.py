@@ -161,7 +161,13 @@ CHANNEL_LAYERS = {
             "prefix": env.text("PORTAL_CHANNEL_PREFIX", "portal"),
             "capacity": 500,
         },
-    }
+    },
+    # Live GPU metrics: Redis pub/sub, one message per group a tick, no per-channel queues in Redis.
+    # It has no capacity limit, so the consumers drop stale frames themselves.
+    "metrics": {
+        "BACKEND": "channels_redis.pubsub.RedisPubSubChannelLayer",
+        "CONFIG": {"hosts": [REDIS_URL], "prefix": env.text("PORTAL_CHANNEL_PREFIX", "portal") + "-metrics"},
+    },
 }
 
 CELERY_BROKER_URL = REDIS_URL
@@ -303,6 +309,15 @@ IDLE_TIMEOUT_MINUTES = env.integer("PORTAL_IDLE_TIMEOUT_MINUTES", 30, minimum=1)
 IDLE_TIMEOUTS = env.minutes_map("PORTAL_IDLE_TIMEOUTS", {"whole": 20, "7g.141gb": 20, "7g.80gb": 20})
 IDLE_WARNING_MINUTES = env.integer("PORTAL_IDLE_WARNING_MINUTES", 5, minimum=1)
 MAX_SESSION_HOURS = env.integer("PORTAL_MAX_SESSION_HOURS", 24, minimum=1)
+# A minute in which a session's GPU utilisation reached this counts as activity for idle culling.
+IDLE_GPU_UTIL_PERCENT = env.integer("PORTAL_IDLE_GPU_UTIL_PERCENT", 5, minimum=1)
+
+# Live GPU metrics: how often the agent samples, how long per-minute history is kept, the bearer
+# token Prometheus must send to /metrics (empty: /metrics is off), and open metric sockets per person.
+METRICS_INTERVAL_MS = env.integer("PORTAL_METRICS_INTERVAL_MS", 1000, minimum=100)
+METRICS_RETENTION_DAYS = env.integer("PORTAL_METRICS_RETENTION_DAYS", 30, minimum=1)
+METRICS_TOKEN = env.text("PORTAL_METRICS_TOKEN", "")
+METRICS_SOCKETS_PER_USER = env.integer("PORTAL_METRICS_SOCKETS_PER_USER", 20, minimum=1)
 
 LOG_LEVELS = ["DEBUG", "INFO", "WARNING", "ERROR"]
 LOG_LEVEL = env.choice(

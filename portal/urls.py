@@ -6,6 +6,7 @@ from django.contrib.auth import views as auth_views
 from django.urls import include, path
 
 from portal import views
+from sessions.metrics.prometheus import metrics_view
 
 admin.site.site_header = f"{settings.SITE_NAME} administration"
 admin.site.site_title = settings.SITE_NAME
@@ -13,6 +14,8 @@ admin.site.site_title = settings.SITE_NAME
 urlpatterns = [
     path("", views.dashboard, name="dashboard"),
     path("healthz", views.healthz, name="healthz"),
+    # For Prometheus: bearer token only, no login (off while PORTAL_METRICS_TOKEN is empty).
+    path("metrics", metrics_view, name="metrics"),
     path("accounts/signup/", views.signup, name="signup"),
     path("accounts/login/", auth_views.LoginView.as_view(redirect_authenticated_user=True), name="login"),
     path(

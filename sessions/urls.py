@@ -2,14 +2,17 @@ from django.urls import path
 
 from sessions import views
 from sessions.gpus import views as gpu_views
+from sessions.metrics import views as metric_views
 from sessions.notebooks import views as notebook_views
 
 urlpatterns = [
     path("", notebook_views.session_list, name="session-list"),
     path("launch/", notebook_views.launch, name="session-launch"),
+    path("<int:session_id>/", metric_views.session_detail, name="session-detail"),
     path("<int:session_id>/stop/", notebook_views.stop, name="session-stop"),
     path("render-jobs/", views.render_job_list, name="render-job-list"),
     path("fleet/", gpu_views.fleet_overview, name="fleet"),
+    path("fleet/live/", metric_views.fleet_live, name="fleet-live"),
     path("fleet/gpus/<int:gpu_id>/", gpu_views.fleet_gpu, name="fleet-gpu"),
     path("fleet/gpus/<int:gpu_id>/policy/", gpu_views.fleet_gpu_policy, name="fleet-gpu-policy"),
     path("fleet/gpus/<int:gpu_id>/layout/", gpu_views.fleet_gpu_layout, name="fleet-gpu-layout"),

@@ -30,6 +30,7 @@ def pytest_configure(config: pytest.Config) -> None:
     settings.CELERY_TASK_DEFAULT_QUEUE = f"test-{RUN_ID}"
     settings.CACHES["default"]["KEY_PREFIX"] = f"test-{RUN_ID}"
     settings.CHANNEL_LAYERS["default"]["CONFIG"]["prefix"] = f"test-{RUN_ID}"  # type: ignore[index]
+    settings.CHANNEL_LAYERS["metrics"]["CONFIG"]["prefix"] = f"test-{RUN_ID}-metrics"  # type: ignore[index]
     from portal.celery import app
 
     app.conf.task_default_queue = settings.CELERY_TASK_DEFAULT_QUEUE

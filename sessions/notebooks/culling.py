@@ -2,8 +2,10 @@
 
 Idle means no activity the hub has seen (kernels, terminals, the browser)
 for longer than the session's timeout: per MIG profile or kind where set,
-else the default, so expensive slices can be freed sooner. Once live GPU
-metrics exist they will count as activity too.
+else the default, so expensive slices can be freed sooner. A minute in
+which the session's GPU was busy (utilisation at or over
+PORTAL_IDLE_GPU_UTIL_PERCENT in the per-minute history) counts as activity
+too: a training run with no browser open is not idle.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
 from portal import push
+from sessions.metrics.history import last_busy_minutes
 from sessions.notebooks.models import NotebookSession
 from sessions.notebooks.services import stop_session
 
@@ -35,9 +38,11 @@ def cull(activity: Mapping[int, datetime | None], now: datetime | None = None) -
     """Warn or stop each running session, given the last activity the hub saw for it."""
     now = now or timezone.now()
     counts = {"warned": 0, "stopped": 0}
-    running = NotebookSession.objects.filter(state=NotebookSession.State.RUNNING).select_related("slice", "owner")
+    running = list(NotebookSession.objects.filter(state=NotebookSession.State.RUNNING).select_related("slice", "owner"))
+    gpu_busy = last_busy_minutes([s.pk for s in running], settings.IDLE_GPU_UTIL_PERCENT)
     for session in running:
-        seen = [moment for moment in (activity.get(session.pk), session.last_activity, session.ready_at) if moment]
+        moments = (activity.get(session.pk), gpu_busy.get(session.pk), session.last_activity, session.ready_at)
+        seen = [moment for moment in moments if moment]
         last = max(seen, default=session.requested_at)
         if session.last_activity != last:
             session.last_activity = last

@@ -150,3 +150,21 @@ class DockerRuntime:
         """Run a command inside a running container and return what it printed."""
         result = self.client.containers.get(container_id).exec_run(command)
         return bytes(result.output).decode(errors="replace")
+
+    def cpu_by_device(self) -> dict[str, tuple[float, float]]:
+        """For each running GPU container, by its device UUID: CPU seconds used so far and its CPU limit.
+
+        The simulated GPU backend follows these (a busy notebook shows a busy GPU).
+        """
+        usage: dict[str, tuple[float, float]] = {}
+        for container in self.client.containers.list(filters={"label": f"{LABEL_PREFIX}.device"}):
+            try:
+                stats = container.stats(stream=False, one_shot=True)
+            except (DockerException, NotFound):
+                continue  # it stopped between the list and the read
+            used = float(stats.get("cpu_stats", {}).get("cpu_usage", {}).get("total_usage", 0)) / 1e9
+            limit = float(container.attrs.get("HostConfig", {}).get("NanoCpus") or 0) / 1e9 or self.host_cpus()
+            device = container.labels[f"{LABEL_PREFIX}.device"]
+            before = usage.get(device, (0.0, 0.0))  # a shared GPU: its containers add up
+            usage[device] = (before[0] + used, before[1] + limit)
+        return usage

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -50,6 +51,41 @@ class FoundHost:
     gpus: list[FoundGpu]
 
 
+@dataclass(frozen=True)
+class DeviceSample:
+    """One MIG device's figures. ``utilization`` is None where the hardware offers none per instance."""
+
+    uuid: str
+    gi_id: int
+    profile: str
+    memory_used_mib: float
+    memory_total_mib: float
+    utilization: float | None
+
+
+@dataclass(frozen=True)
+class GpuSample:
+    """One physical GPU's figures at one moment; a None figure is one the device does not report.
+
+    ``problem`` says why a GPU could not be sampled at all (its figures are then None).
+    """
+
+    uuid: str
+    index: int
+    model_name: str
+    utilization: float | None
+    memory_used_mib: float | None
+    memory_total_mib: float | None
+    temperature_c: float | None
+    power_w: float | None
+    sm_clock_mhz: float | None
+    memory_clock_mhz: float | None
+    ecc_errors: int | None
+    processes: int | None
+    devices: tuple[DeviceSample, ...] = ()
+    problem: str = ""
+
+
 class GpuBackend(Protocol):
     name: str
 
@@ -64,3 +100,7 @@ class GpuBackend(Protocol):
 
     def destroy_instance(self, gpu_uuid: str, gi_id: int) -> None:
         """Destroy a GPU instance and its compute instances."""
+
+    def sample(self, activity: Mapping[str, float]) -> list[GpuSample]:
+        """Every GPU's figures now. ``activity`` (device or GPU UUID -> 0..1) is what the containers on
+        each slice are doing; real devices ignore it, the simulator follows it."""

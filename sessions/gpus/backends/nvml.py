@@ -8,14 +8,21 @@ from __future__ import annotations
 
 import ctypes
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
 import pynvml
 
 from sessions.gpus import catalog
-from sessions.gpus.backends.base import BackendError, FoundGpu, FoundHost, FoundInstance
+from sessions.gpus.backends.base import (
+    BackendError,
+    DeviceSample,
+    FoundGpu,
+    FoundHost,
+    FoundInstance,
+    GpuSample,
+)
 from sessions.gpus.catalog import GpuModel, Profile
 
 log = logging.getLogger(__name__)
@@ -179,6 +186,39 @@ def _mig_modes(device: Any) -> tuple[bool, bool, bool]:
     return True, current == enable, pending == enable
 
 
+MIB = 1024 * 1024
+
+
+def _read(getter: Callable[..., Any], *args: Any) -> Any:
+    """One figure, or None where the device does not offer it (NOT_SUPPORTED on MIG, no permission...)."""
+    try:
+        return getter(*args)
+    except pynvml.NVMLError as error:
+        log.debug("NVML: %s: %s", getattr(getter, "__name__", getter), error)
+        return None
+
+
+def _number(value: Any) -> float | None:
+    return None if value is None else float(value)
+
+
+def _ecc_errors(device: Any) -> int | None:
+    count = _read(
+        pynvml.nvmlDeviceGetTotalEccErrors,
+        device,
+        pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
+        pynvml.NVML_VOLATILE_ECC,
+    )
+    return None if count is None else int(count)
+
+
+def _free_quietly(sample: Any) -> None:
+    try:
+        pynvml.nvmlGpmSampleFree(sample)
+    except pynvml.NVMLError as error:
+        log.debug("NVML: freeing a GPM sample failed: %s", error)
+
+
 def _destroy_quietly(gpu_instance: Any, what: str) -> None:
     # Used while another error is on its way out: that error is the one the caller must see.
     try:
@@ -192,6 +232,93 @@ class NvmlBackend:
 
     def __init__(self, host_name: str) -> None:
         self.host_name = host_name
+        self._sampling = False
+        self._gpm: dict[tuple[str, int], Any] = {}  # the previous GPM sample per (GPU, GPU instance)
+
+    def sample(self, activity: Mapping[str, float]) -> list[GpuSample]:
+        """Read every GPU's figures. Read-only; a figure the device refuses is None, never 0."""
+        if not self._sampling:  # the agent samples every second: keep NVML up instead of a session per call
+            with _translated("start NVML to sample"):
+                pynvml.nvmlInit()
+            self._sampling = True
+        with _translated("count the GPUs"):
+            count = pynvml.nvmlDeviceGetCount()
+        return [self._sample_gpu(index) for index in range(count)]
+
+    def _sample_gpu(self, index: int) -> GpuSample:
+        try:
+            device = pynvml.nvmlDeviceGetHandleByIndex(index)
+            uuid = str(pynvml.nvmlDeviceGetUUID(device))
+            memory = _read(pynvml.nvmlDeviceGetMemoryInfo, device)
+            model = _catalog_model(str(pynvml.nvmlDeviceGetName(device)), int(memory.total) // MIB) if memory else None
+        except pynvml.NVMLError as error:  # one bad GPU must not stop the others
+            log.warning("NVML: cannot sample GPU %s: %s", index, error)
+            return GpuSample("", index, "", None, None, None, None, None, None, None, None, None, problem=str(error))
+        power = _read(pynvml.nvmlDeviceGetPowerUsage, device)
+        utilization = _read(pynvml.nvmlDeviceGetUtilizationRates, device)
+        processes = _read(pynvml.nvmlDeviceGetComputeRunningProcesses, device)
+        return GpuSample(
+            uuid=uuid,
+            index=index,
+            model_name=model.name if model else "",
+            utilization=None if utilization is None else float(utilization.gpu),
+            memory_used_mib=None if memory is None else int(memory.used) / MIB,
+            memory_total_mib=None if memory is None else int(memory.total) / MIB,
+            temperature_c=_number(_read(pynvml.nvmlDeviceGetTemperature, device, pynvml.NVML_TEMPERATURE_GPU)),
+            power_w=None if power is None else int(power) / 1000,
+            sm_clock_mhz=_number(_read(pynvml.nvmlDeviceGetClockInfo, device, pynvml.NVML_CLOCK_SM)),
+            memory_clock_mhz=_number(_read(pynvml.nvmlDeviceGetClockInfo, device, pynvml.NVML_CLOCK_MEM)),
+            ecc_errors=_ecc_errors(device),
+            processes=None if processes is None else len(processes),
+            devices=tuple(self._sample_mig(device, uuid)),
+        )
+
+    def _sample_mig(self, device: Any, gpu_uuid: str) -> Iterator[DeviceSample]:
+        modes = _read(pynvml.nvmlDeviceGetMigMode, device)
+        if not modes or modes[0] != pynvml.NVML_DEVICE_MIG_ENABLE:
+            return
+        gpm = bool(getattr(_read(pynvml.nvmlGpmQueryDeviceSupport, device), "isSupportedDevice", 0))
+        for index in range(_read(pynvml.nvmlDeviceGetMaxMigDeviceCount, device) or 0):
+            mig = _read(pynvml.nvmlDeviceGetMigDeviceHandleByIndex, device, index)
+            if mig is None:
+                continue
+            gi_id = int(_read(pynvml.nvmlDeviceGetGpuInstanceId, mig) or 0)
+            memory = _read(pynvml.nvmlDeviceGetMemoryInfo, mig)
+            name = str(_read(pynvml.nvmlDeviceGetName, mig) or "")
+            yield DeviceSample(
+                uuid=str(pynvml.nvmlDeviceGetUUID(mig)),
+                gi_id=gi_id,
+                profile=name.rsplit(" ", 1)[-1] if "MIG" in name else "",
+                memory_used_mib=0.0 if memory is None else int(memory.used) / MIB,
+                memory_total_mib=0.0 if memory is None else int(memory.total) / MIB,
+                utilization=self._gpm_utilization(device, gpu_uuid, gi_id) if gpm else None,
+            )
+
+    def _gpm_utilization(self, device: Any, gpu_uuid: str, gi_id: int) -> float | None:
+        """Busy share of one GPU instance since the last tick, through GPM (Hopper and later)."""
+        try:
+            sample = pynvml.nvmlGpmSampleAlloc()
+            pynvml.nvmlGpmMigSampleGet(device, gi_id, sample)
+        except pynvml.NVMLError as error:
+            log.debug("NVML: no GPM sample for %s/%s: %s", gpu_uuid, gi_id, error)
+            return None
+        previous = self._gpm.get((gpu_uuid, gi_id))
+        self._gpm[(gpu_uuid, gi_id)] = sample
+        if previous is None:
+            return None
+        try:
+            query = pynvml.c_nvmlGpmMetricsGet_t()
+            query.version = pynvml.NVML_GPM_METRICS_GET_VERSION
+            query.numMetrics = 1
+            query.sample1, query.sample2 = previous, sample
+            query.metrics[0].metricId = pynvml.NVML_GPM_METRIC_GRAPHICS_UTIL
+            pynvml.nvmlGpmMetricsGet(query)
+            return round(float(query.metrics[0].value), 1)
+        except pynvml.NVMLError as error:
+            log.debug("NVML: GPM metrics failed for %s/%s: %s", gpu_uuid, gi_id, error)
+            return None
+        finally:
+            _free_quietly(previous)
 
     def discover(self) -> list[FoundHost]:
         with _nvml(f"discover the GPUs of {self.host_name}"):

@@ -7,12 +7,22 @@ UUIDs are derived from host, index and placement, so they are reproducible.
 
 from __future__ import annotations
 
+import random
 import re
+import time
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from sessions.gpus import catalog
-from sessions.gpus.backends.base import BackendError, FoundGpu, FoundHost, FoundInstance
+from sessions.gpus.backends.base import (
+    BackendError,
+    DeviceSample,
+    FoundGpu,
+    FoundHost,
+    FoundInstance,
+    GpuSample,
+)
 from sessions.gpus.catalog import Profile
 from sessions.gpus.placement import Layout, free_starts, why_not
 
@@ -31,6 +41,24 @@ ALIASES = {
 DEFAULT_FLEET = "sim-1: 2xH200:mig, 1xA100-80GB:whole, 1xA30:shared=4"
 HOST = re.compile(r"^(?P<host>[A-Za-z][\w.-]*)\s*:\s*(?P<items>\d.*)$")
 ITEM = re.compile(r"^(?P<count>\d+)\s*x\s*(?P<model>[\w.-]+):(?P<mode>mig|whole|shared)(?:=(?P<limit>\d+))?$")
+
+
+# Plausible figures per model family: board power (W) at rest and at full load, and the
+# top SM and memory clocks (MHz) from NVIDIA's data sheets. The simulator moves between
+# rest and load with what the containers on each slice are doing.
+PHYSICS = {
+    "H200": (90, 700, 1980, 3201),
+    "H100": (80, 700, 1980, 2619),
+    "A100": (55, 400, 1410, 1593),
+    "A30": (30, 165, 1440, 1215),
+    "L4": (16, 72, 2040, 6251),
+    "L40S": (35, 350, 2520, 9001),
+    "T4": (10, 70, 1590, 5001),
+}
+# Per-GPU-instance utilisation needs GPM, which NVML offers from Hopper on.
+GPM_FAMILIES = {"H100", "H200"}
+REST_SM_CLOCK_MHZ = 345
+CONTEXT_MIB = 512  # what a CUDA context holds on a device that has a process
 
 
 class FleetSpecError(ValueError):
@@ -153,6 +181,19 @@ class SimulatedBackend:
             used.add(gi_id)
         return layout, used
 
+    def sample(self, activity: Mapping[str, float], now: float | None = None) -> list[GpuSample]:
+        """Figures that follow ``activity`` and are the same for the same second: tests can reason about them."""
+        from sessions.gpus.models import SimulatedGpuInstance
+
+        second = int(now if now is not None else time.time())
+        instances: dict[str, list[tuple[int, str, str]]] = {}
+        rows = SimulatedGpuInstance.objects.filter(gpu_uuid__in=self.gpus).order_by("start")
+        for gpu_uuid, gi_id, profile, device in rows.values_list("gpu_uuid", "gi_id", "profile", "device_uuid"):
+            instances.setdefault(gpu_uuid, []).append((gi_id, profile, device))
+        return [
+            _sample_gpu(spec, instances.get(gpu_uuid, []), activity, second) for gpu_uuid, spec in self.gpus.items()
+        ]
+
     def possible_starts(self, gpu_uuid: str, profile: Profile) -> list[int]:
         spec = self._spec(gpu_uuid)
         if spec.sharing != "mig":
@@ -197,4 +238,54 @@ def _found(row: object) -> FoundInstance:
         gi_id=row.gi_id,  # type: ignore[attr-defined]
         ci_id=0,
         device_uuid=row.device_uuid,  # type: ignore[attr-defined]
+    )
+
+
+def _jitter(key: str, second: int, spread: float) -> float:
+    """A small, reproducible wobble: the same device in the same second always gets the same one."""
+    return random.Random(f"{key}/{second}").uniform(0, spread)  # noqa: S311 - not for secrets
+
+
+def _sample_gpu(
+    spec: SimulatedGpuSpec, instances: list[tuple[int, str, str]], activity: Mapping[str, float], second: int
+) -> GpuSample:
+    model = spec.model
+    rest_w, full_w, top_sm, memory_clock = PHYSICS[model.name.split("-")[0]]
+    total_mib = model.memory_gib * 1024
+    devices: list[DeviceSample] = []
+    if spec.sharing == "mig":
+        per_instance = model.name.split("-")[0] in GPM_FAMILIES
+        for gi_id, name, device in instances:
+            profile = model.profile(name)
+            busy = activity.get(device)
+            used = 0.0 if busy is None else CONTEXT_MIB + busy * 0.6 * profile.memory_gib * 1024
+            util = None
+            if per_instance:
+                util = 0.0 if not busy else min(100.0, busy * 95 + _jitter(device, second, 5))
+            devices.append(DeviceSample(device, gi_id, name, round(used, 1), profile.memory_gib * 1024, util))
+        weights = [(model.profile(name).compute_slices, activity.get(device) or 0.0) for _, name, device in instances]
+        load = sum(w * b for w, b in weights) / model.compute_slices
+        utilization = None  # NVML has no whole-GPU utilisation while MIG is on
+        memory_used = sum(d.memory_used_mib for d in devices)
+        processes = sum(1 for d in devices if d.memory_used_mib)
+    else:
+        busy = activity.get(spec.uuid)
+        load = min(1.0, busy or 0.0)
+        utilization = 0.0 if not busy else min(100.0, busy * 97 + _jitter(spec.uuid, second, 3))
+        memory_used = 0.0 if busy is None else CONTEXT_MIB + load * 0.5 * total_mib
+        processes = 0 if busy is None else 1
+    return GpuSample(
+        uuid=spec.uuid,
+        index=spec.index,
+        model_name=model.name,
+        utilization=None if utilization is None else round(utilization, 1),
+        memory_used_mib=round(memory_used, 1),
+        memory_total_mib=total_mib,
+        temperature_c=round(31 + 48 * load + _jitter(spec.uuid + "/t", second, 1.5), 1),
+        power_w=round(rest_w + (full_w - rest_w) * load + _jitter(spec.uuid + "/p", second, 4), 1),
+        sm_clock_mhz=float(top_sm if load > 0.02 else REST_SM_CLOCK_MHZ),
+        memory_clock_mhz=float(memory_clock),
+        ecc_errors=0,
+        processes=processes,
+        devices=tuple(devices),
     )

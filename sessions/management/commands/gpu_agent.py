@@ -1,0 +1,55 @@
+"""Run the GPU agent of this host: sample every GPU each tick, publish live frames, keep history."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import logging
+from typing import Any
+
+from django.conf import settings
+from django.core.management.base import BaseCommand, CommandParser
+
+from sessions.gpus.backends import get_backend
+from sessions.gpus.models import Gpu
+from sessions.metrics.agent import Activity, Agent
+
+log = logging.getLogger(__name__)
+
+
+class Command(BaseCommand):
+    help = "Sample this host's GPUs (or the simulated fleet) every tick and publish them (one agent per host)."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--interval-ms", type=int, default=None, help="tick length (PORTAL_METRICS_INTERVAL_MS)")
+        parser.add_argument("--ticks", type=int, default=None, help="stop after this many ticks (tests)")
+        parser.add_argument("--no-docker", action="store_true", help="do not follow container CPU use")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        backend = get_backend()
+        interval_ms = options["interval_ms"] or settings.METRICS_INTERVAL_MS
+        if interval_ms < 100:
+            self.stderr.write("gpu_agent: --interval-ms must be at least 100")
+            raise SystemExit(2)
+        hosts = dict(Gpu.objects.filter(host__backend=backend.name).values_list("uuid", "host__name"))
+        name = settings.GPU_HOST_NAME if backend.name == "nvml" else "simulated"
+        activity = Activity(None if options["no_docker"] or backend.name != "simulated" else _docker_reader())
+        gc.freeze()  # the long-lived objects made at start-up need never be scanned again
+        agent = Agent(backend, name, interval_ms / 1000, activity=activity, hosts=hosts)
+        try:
+            asyncio.run(agent.run(options["ticks"]))
+        except KeyboardInterrupt:
+            log.info("gpu_agent: stopped")
+
+
+def _docker_reader() -> Any:
+    """Container CPU use by device, or None where no Docker engine answers (figures then rest idle)."""
+    from sessions.runtime.docker import DockerRuntime
+
+    try:
+        runtime = DockerRuntime()
+        runtime.client.ping()
+    except Exception as error:  # RuntimeError_ or the ping failing: either way no engine
+        log.info("gpu_agent: no Docker engine (%s); simulated GPUs will look idle", error)
+        return None
+    return runtime.cpu_by_device

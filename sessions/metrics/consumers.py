@@ -1,0 +1,127 @@
+"""Websockets that forward live GPU frames to those allowed to see them.
+
+- ``/ws/metrics/fleet/``: every GPU and MIG device; staff only.
+- ``/ws/metrics/mine/``: the person's own slices.
+- ``/ws/metrics/sessions/<id>/``: the frames of that session's owner (the owner or staff).
+
+Frames arrive serialised (the agent does it once) and go out as text. A frame
+older than a few ticks is dropped rather than sent late: a slow client never
+queues without bound, and never slows the others.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections import Counter
+from typing import Any, ClassVar
+
+import redis.asyncio as aioredis
+from channels.db import database_sync_to_async
+from channels.generic.websocket import AsyncWebsocketConsumer
+from django.conf import settings
+
+from sessions.metrics.agent import latest_key
+from sessions.metrics.frames import FLEET_GROUP, user_group
+
+log = logging.getLogger(__name__)
+
+CLOSE_UNAUTHENTICATED = 4401
+CLOSE_FORBIDDEN = 4403
+CLOSE_TOO_MANY = 4429
+STALE_AFTER_S = 3.0
+
+
+class MetricsConsumer(AsyncWebsocketConsumer):
+    channel_layer_alias = "metrics"
+    open_per_user: ClassVar[Counter[int]] = Counter()  # this process's open metric sockets per person
+
+    group_name: str | None = None
+    counted_user: int | None = None
+    dropped = 0
+
+    async def connect(self) -> None:
+        user = self.scope.get("user")
+        await self.accept()  # accept first, so a refusal reaches the browser as our close code
+        if user is None or not user.is_authenticated:
+            await self.close(code=CLOSE_UNAUTHENTICATED)
+            return
+        if self.open_per_user[user.pk] >= settings.METRICS_SOCKETS_PER_USER:
+            log.warning("metrics socket refused: %s already has %s open", user, self.open_per_user[user.pk])
+            await self.close(code=CLOSE_TOO_MANY)
+            return
+        group = await self._group_for(user)
+        if group is None:
+            log.warning("metrics socket refused: %s may not watch %s", user, self.scope["path"])
+            await self.close(code=CLOSE_FORBIDDEN)
+            return
+        self.open_per_user[user.pk] += 1
+        self.counted_user = user.pk
+        self.group_name = group
+        await self.channel_layer.group_add(group, self.channel_name)
+        if group == FLEET_GROUP:
+            await self._send_latest()
+
+    async def _group_for(self, user: Any) -> str | None:
+        kwargs = self.scope["url_route"]["kwargs"]
+        if "session_id" in kwargs:
+            owner = await _session_owner(kwargs["session_id"])
+            if owner is None or (owner != user.pk and not user.is_staff):
+                return None
+            return user_group(owner)
+        if kwargs.get("stream") == "fleet":
+            return FLEET_GROUP if user.is_staff else None
+        return user_group(user.pk)
+
+    async def _send_latest(self) -> None:
+        """The newest fleet frames at once, so a page has tiles before the next tick."""
+        client = aioredis.from_url(settings.REDIS_URL, socket_timeout=1)
+        try:
+            for text in (await client.hgetall(latest_key())).values():
+                await self.send(text_data=text if isinstance(text, str) else text.decode())
+        except Exception as error:  # Redis away: the next tick brings a frame anyway
+            log.info("metrics socket: no latest frame to send: %s", error)
+        finally:
+            await client.aclose()
+
+    async def disconnect(self, code: int) -> None:
+        if self.group_name:
+            await self.channel_layer.group_discard(self.group_name, self.channel_name)
+        if self.counted_user is not None:
+            self.open_per_user[self.counted_user] -= 1
+            if self.open_per_user[self.counted_user] <= 0:
+                del self.open_per_user[self.counted_user]
+            self.counted_user = None
+
+    async def dispatch(self, message: dict[str, Any]) -> None:
+        # Frames skip channels' per-message hop to a thread that closes old DB connections:
+        # forwarding touches no database, and at 1 Hz x hundreds of sockets the hop is the cost.
+        if message["type"] == "metrics.frame":
+            await self.metrics_frame(message)
+            return
+        await super().dispatch(message)
+
+    async def metrics_frame(self, event: dict[str, Any]) -> None:
+        if time.time() - float(event["t"]) > STALE_AFTER_S:
+            self.dropped += 1
+            return
+        await self.send(text_data=event["text"])
+
+    async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
+        try:
+            content = json.loads(text_data) if text_data is not None else None
+        except ValueError:
+            content = None
+        if isinstance(content, dict) and content.get("type") == "ping":
+            await self.send(text_data=json.dumps({"type": "pong", "dropped": self.dropped}))
+            return
+        error = 'This socket only sends frames; it answers {"type": "ping"} and nothing else.'
+        await self.send(text_data=json.dumps({"type": "error", "error": error}))
+
+
+@database_sync_to_async
+def _session_owner(session_id: int) -> int | None:
+    from sessions.notebooks.models import NotebookSession
+
+    return NotebookSession.objects.filter(pk=session_id).values_list("owner_id", flat=True).first()

@@ -1,0 +1,139 @@
+"""What the agent publishes each tick: one fleet frame for staff, one frame per person for their slices.
+
+A frame is plain JSON, serialised once by the agent and forwarded as text by
+the consumers. Figures a device does not report are null, never 0.
+
+Fleet frame::
+
+    {"kind": "fleet", "agent": "sim-1", "t": 1764470000.25, "simulated": true,
+     "gpus": [{"uuid": "GPU-...", "host": "sim-1", "index": 0, "model": "H200-SXM5-141GB",
+               "util": null, "mem_used": 1024.0, "mem_total": 144384.0, "temp": 40.1, "power": 150.2,
+               "sm_clock": 1980.0, "mem_clock": 3201.0, "ecc": 0, "procs": 1, "problem": "",
+               "users": [{"user": "alice", "session": 12}],
+               "devices": [{"uuid": "MIG-...", "gi": 1, "profile": "1g.18gb", "util": 55.0,
+                            "mem_used": 900.0, "mem_total": 18432.0, "users": [...]}]}]}
+
+Personal frame (only the person's own slices)::
+
+    {"kind": "mine", "t": ..., "devices": [{"uuid": "MIG-...", "session": 12, "holder": "notebook:12",
+     "model": "H200-SXM5-141GB", "profile": "1g.18gb", "util": 55.0, "mem_used": 900.0,
+     "mem_total": 18432.0, "temp": 40.1, "power": 150.2}]}
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from sessions.gpus.backends.base import GpuSample
+
+FLEET_GROUP = "metrics.fleet"
+
+
+def user_group(user_id: int) -> str:
+    return f"metrics.user.{user_id}"
+
+
+@dataclass(frozen=True)
+class Holder:
+    """Who holds a device: the slice's owner and what uses it (``notebook:12``)."""
+
+    owner_id: int
+    username: str
+    holder: str
+
+    @property
+    def session_id(self) -> int | None:
+        kind, _, number = self.holder.partition(":")
+        return int(number) if kind == "notebook" and number.isdigit() else None
+
+
+Holders = dict[str, list[Holder]]  # device (MIG or GPU) UUID -> who holds it; a shared GPU has several
+
+
+def load_holders() -> Holders:
+    """Every device in use now and who uses it, from the active slices."""
+    from sessions.gpus.models import Slice
+
+    holders: Holders = {}
+    active = Slice.objects.filter(released_at__isnull=True).order_by("pk")
+    for device, owner_id, username, holder in active.values_list(
+        "device_uuid", "owner_id", "owner__username", "holder"
+    ):
+        holders.setdefault(device, []).append(Holder(owner_id, username, holder))
+    return holders
+
+
+def _users(holders: Iterable[Holder]) -> list[dict[str, Any]]:
+    return [{"user": h.username, "session": h.session_id} for h in holders]
+
+
+def fleet_frame(
+    agent: str, t: float, samples: list[GpuSample], holders: Holders, hosts: dict[str, str], simulated: bool
+) -> dict[str, Any]:
+    gpus = []
+    for gpu in samples:
+        gpus.append(
+            {
+                "uuid": gpu.uuid,
+                "host": hosts.get(gpu.uuid, agent),
+                "index": gpu.index,
+                "model": gpu.model_name,
+                "util": gpu.utilization,
+                "mem_used": gpu.memory_used_mib,
+                "mem_total": gpu.memory_total_mib,
+                "temp": gpu.temperature_c,
+                "power": gpu.power_w,
+                "sm_clock": gpu.sm_clock_mhz,
+                "mem_clock": gpu.memory_clock_mhz,
+                "ecc": gpu.ecc_errors,
+                "procs": gpu.processes,
+                "problem": gpu.problem,
+                "users": _users(holders.get(gpu.uuid, [])),
+                "devices": [
+                    {
+                        "uuid": device.uuid,
+                        "gi": device.gi_id,
+                        "profile": device.profile,
+                        "util": device.utilization,
+                        "mem_used": device.memory_used_mib,
+                        "mem_total": device.memory_total_mib,
+                        "users": _users(holders.get(device.uuid, [])),
+                    }
+                    for device in gpu.devices
+                ],
+            }
+        )
+    return {"kind": "fleet", "agent": agent, "t": round(t, 3), "simulated": simulated, "gpus": gpus}
+
+
+def personal_frames(fleet: dict[str, Any], holders: Holders) -> dict[int, dict[str, Any]]:
+    """Each person's own devices out of a fleet frame, with their GPU's temperature and power."""
+    frames: dict[int, dict[str, Any]] = {}
+    for gpu in fleet["gpus"]:
+        rows = [(gpu, None)] + [(gpu, device) for device in gpu["devices"]]
+        for parent, device in rows:
+            source = device or parent
+            for holder in holders.get(source["uuid"], []):
+                frame = frames.setdefault(holder.owner_id, {"kind": "mine", "t": fleet["t"], "devices": []})
+                frame["devices"].append(
+                    {
+                        "uuid": source["uuid"],
+                        "session": holder.session_id,
+                        "holder": holder.holder,
+                        "model": parent["model"],
+                        "profile": device["profile"] if device else "",
+                        "util": source["util"],
+                        "mem_used": source["mem_used"],
+                        "mem_total": source["mem_total"],
+                        "temp": parent["temp"],
+                        "power": parent["power"],
+                    }
+                )
+    return frames
+
+
+def dumps(frame: dict[str, Any]) -> str:
+    return json.dumps(frame, separators=(",", ":"))

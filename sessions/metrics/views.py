@@ -1,0 +1,31 @@
+"""Pages with live GPU charts: a session's page (its owner, or staff) and the live fleet (staff)."""
+
+from __future__ import annotations
+
+from django.contrib.auth.decorators import login_required
+from django.http import Http404, HttpResponse
+from django.shortcuts import render
+from django.views.decorators.http import require_GET
+
+from portal.access import staff_required
+from portal.http import PortalRequest
+from sessions.metrics.history import session_history
+from sessions.notebooks.models import NotebookSession
+
+
+@login_required
+@require_GET
+def session_detail(request: PortalRequest, session_id: int) -> HttpResponse:
+    """One session: its state, live charts of its slice and its whole per-minute history."""
+    session = NotebookSession.objects.select_related("slice__gpu__host", "image", "owner").filter(pk=session_id).first()
+    if session is None or (session.owner_id != request.user.pk and not request.user.is_staff):
+        raise Http404("No such session among yours.")
+    context = {"session": session, "history": session_history(session.pk)}
+    return render(request, "sessions/session_detail.html", context)
+
+
+@staff_required
+@require_GET
+def fleet_live(request: PortalRequest) -> HttpResponse:
+    """Every GPU and MIG device as a live tile: utilisation, memory, temperature, power, who uses it."""
+    return render(request, "sessions/fleet_live.html")
