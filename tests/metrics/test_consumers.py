@@ -28,7 +28,8 @@ async def send_frame(group: str, frame: dict[str, object], age_s: float = 0.0) -
 
 async def a_session(user: User, image: NotebookImage, name: str) -> NotebookSession:
     launch = Launch(SliceRequest("mig", "1g.18gb"), image.pk, name)
-    return await database_sync_to_async(start_session)(user, launch)
+    session: NotebookSession = await database_sync_to_async(start_session)(user, launch)
+    return session
 
 
 async def test_nobody_logged_out_and_no_non_staff_watch_the_fleet(alice: User, staff: User) -> None:
@@ -94,7 +95,7 @@ async def test_one_person_cannot_open_sockets_without_end(alice: User, settings)
     _, open_, code = await open_socket("/ws/metrics/mine/", alice)
     assert (open_, code) == (False, 4429)
     await sockets.pop().disconnect()
-    socket, open_, _ = await open_socket("/ws/metrics/mine/", alice)
+    another, open_, _ = await open_socket("/ws/metrics/mine/", alice)
     assert open_, "closing one makes room for another"
-    for socket in [*sockets, socket]:
+    for socket in [*sockets, another]:
         await socket.disconnect()
