@@ -20,6 +20,7 @@ app.conf.beat_schedule = {
     "sync-gpus": {"task": "sessions.tasks.sync_gpus", "schedule": 300.0},
     "reconcile-sessions": {"task": "sessions.tasks.reconcile_sessions", "schedule": 20.0},
     "cull-idle-sessions": {"task": "sessions.tasks.cull_idle_sessions", "schedule": 60.0},
+    "prune-gpu-history": {"task": "sessions.tasks.prune_gpu_history", "schedule": 3600.0},
 }
 
 

@@ -37,3 +37,13 @@ def cull_idle_sessions() -> dict[str, int]:
 
     running = list(NotebookSession.objects.filter(state=NotebookSession.State.RUNNING).select_related("owner"))
     return cull(hub_activity(running))
+
+
+@shared_task
+def prune_gpu_history() -> int:
+    """Hourly: delete per-minute GPU history older than PORTAL_METRICS_RETENTION_DAYS."""
+    from django.conf import settings
+
+    from sessions.metrics.history import delete_older_than
+
+    return delete_older_than(settings.METRICS_RETENTION_DAYS)

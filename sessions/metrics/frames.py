@@ -9,7 +9,7 @@ Fleet frame::
      "gpus": [{"uuid": "GPU-...", "host": "sim-1", "index": 0, "model": "H200-SXM5-141GB",
                "util": null, "mem_used": 1024.0, "mem_total": 144384.0, "temp": 40.1, "power": 150.2,
                "sm_clock": 1980.0, "mem_clock": 3201.0, "ecc": 0, "procs": 1, "problem": "",
-               "users": [{"user": "alice", "session": 12}],
+               "users": [{"user": "alice", "session": 12, "holder": "notebook:12"}],
                "devices": [{"uuid": "MIG-...", "gi": 1, "profile": "1g.18gb", "util": 55.0,
                             "mem_used": 900.0, "mem_total": 18432.0, "users": [...]}]}]}
 
@@ -67,7 +67,7 @@ def load_holders() -> Holders:
 
 
 def _users(holders: Iterable[Holder]) -> list[dict[str, Any]]:
-    return [{"user": h.username, "session": h.session_id} for h in holders]
+    return [{"user": h.username, "session": h.session_id, "holder": h.holder} for h in holders]
 
 
 def fleet_frame(

@@ -51,7 +51,31 @@
       axes: [{size: 28, font: "11px system-ui"}, {size: 44, font: "11px system-ui"}],
       series: [{}, {label: figure.label, stroke: figure.color, fill: figure.color + "22", width: 1.5, spanGaps: false}]
     };
-    return new window.uPlot(opts, data, target);
+    var plot = new window.uPlot(opts, data, target);
+    // Follow the panel's width (window resizes, the grid reflowing); the height stays.
+    if (window.ResizeObserver) {
+      new window.ResizeObserver(function () {
+        var width = Math.max(target.clientWidth, 200);
+        if (width !== plot.width) { plot.setSize({width: width, height: height}); }
+      }).observe(target);
+    }
+    return plot;
+  }
+
+  // Lay out one captioned panel per figure first, then draw: each chart takes its panel's width.
+  function panels(box, figures, caption) {
+    var areas = {};
+    figures.forEach(function (figure) {
+      var panel = document.createElement("figure");
+      panel.className = "chart";
+      panel.innerHTML = "<figcaption>" + caption(figure) + "</figcaption>";
+      var area = document.createElement("div");
+      area.className = "chart-area";
+      panel.appendChild(area);
+      box.appendChild(panel);
+      areas[figure.key] = area;
+    });
+    return areas;
   }
 
   // One session's live charts: a ring of points per figure, redrawn in place.
@@ -59,16 +83,14 @@
     var session = Number(box.dataset.liveSession);
     var compact = box.hasAttribute("data-compact");
     var figures = compact ? FIGURES.slice(0, 1) : FIGURES;
+    var height = compact ? 70 : 130;
     var times = [], series = {}, plots = {}, points = 0;
+    var areas = panels(box, figures, function (figure) {
+      return figure.label + " <output data-figure='" + figure.key + "'>…</output>";
+    });
     figures.forEach(function (figure) {
       series[figure.key] = [];
-      var panel = document.createElement("figure");
-      panel.className = "chart";
-      panel.innerHTML = "<figcaption>" + figure.label + " <output data-figure='" + figure.key + "'>…</output></figcaption>";
-      var area = document.createElement("div");
-      panel.appendChild(area);
-      box.appendChild(panel);
-      plots[figure.key] = chart(area, figure, compact ? 70 : 130, [[], []]);
+      plots[figure.key] = chart(areas[figure.key], figure, height, [[], []]);
     });
     var status = document.querySelector("[data-live-status='" + session + "']");
     function onFrame(frame) {
@@ -93,24 +115,16 @@
       box.dataset.state = state;
       if (status) { status.textContent = {live: "live", reconnecting: "reconnecting…", "logged-out": "log in again to see live figures", forbidden: "not yours"}[state] || state; }
     });
-    window.addEventListener("resize", function () {
-      Object.keys(plots).forEach(function (key) { plots[key].setSize({width: Math.max(box.clientWidth / (compact ? 1 : 2) - 24, 200), height: compact ? 70 : 130}); });
-    });
   }
 
   function historyChart(box) {
     var rows = JSON.parse(document.getElementById(box.dataset.history).textContent);
     if (!rows.length) { box.innerHTML = "<p class='muted'>No history yet: the first minute is stored when it ends.</p>"; return; }
     var times = rows.map(function (r) { return r.t; });
+    var areas = panels(box, FIGURES, function (figure) { return figure.label + " (per-minute mean, " + figure.unit + ")"; });
     FIGURES.forEach(function (figure) {
       var values = rows.map(function (r) { return figure.key === "mem" ? (r.mem_used === null ? null : r.mem_used / 1024) : r[figure.key]; });
-      var panel = document.createElement("figure");
-      panel.className = "chart";
-      panel.innerHTML = "<figcaption>" + figure.label + " (per-minute mean, " + figure.unit + ")</figcaption>";
-      var area = document.createElement("div");
-      panel.appendChild(area);
-      box.appendChild(panel);
-      chart(area, figure, 110, [times, values]);
+      chart(areas[figure.key], figure, 110, [times, values]);
     });
   }
 
@@ -122,7 +136,7 @@
   }
 
   function who(users) {
-    return users && users.length ? users.map(function (u) { return u.user + (u.session ? " #" + u.session : ""); }).join(", ") : "free";
+    return users && users.length ? users.map(function (u) { return u.user + (u.session ? " #" + u.session : (u.holder ? " (" + u.holder + ")" : "")); }).join(", ") : "free";
   }
 
   function fleetTiles(root) {

@@ -164,3 +164,22 @@ def start_hub(stack: dict[str, int], data_dir: Path, log_path: Path) -> subproce
 
     hub_api = f"http://127.0.0.1:{stack['public']}/jupyter/hub/api/"
     return ready_or_stopped(process, lambda: answers_200(hub_api), 60, "jupyterhub")
+
+
+def start_gpu_agent(fleet: str, log_path: Path, interval_ms: int = 250) -> subprocess.Popen[bytes]:
+    """The GPU agent on a simulated fleet, as the run command starts it; ready once it has published."""
+    import redis
+
+    from sessions.metrics.agent import latest_key
+
+    client = redis.Redis.from_url(settings.REDIS_URL)
+    client.delete(latest_key())
+    log = log_path.open("ab")
+    process = subprocess.Popen(
+        [sys.executable, "manage.py", "gpu_agent", "--interval-ms", str(interval_ms), "--no-docker"],
+        cwd=ROOT,
+        env=child_env(PORTAL_GPU_BACKEND="simulated", PORTAL_SIMULATED_FLEET=fleet),
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    return ready_or_stopped(process, lambda: bool(client.hlen(latest_key())), 30, "gpu agent")

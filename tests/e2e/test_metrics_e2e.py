@@ -1,0 +1,82 @@
+"""Live GPU charts in Chromium: a session's page moves within seconds; the staff fleet page shows every device."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from django.contrib.auth.models import User
+from playwright.sync_api import Page, expect
+
+from sessions.gpus.allocator import SliceRequest, allocate
+from sessions.notebooks.models import NotebookImage, NotebookSession
+from sessions.notebooks.services import Launch, record_event, start_session
+from tests.conftest import ARTIFACTS
+from tests.e2e.conftest import SCREENSHOTS, log_in
+from tests.gpus.conftest import use_fleet
+from tests.helpers import processes
+
+pytestmark = pytest.mark.django_db(transaction=True)
+FLEET = "live: 2xH200:mig, 1xL4:whole"
+
+
+@pytest.fixture
+def agent(settings, notebook_image: NotebookImage) -> Iterator[None]:  # type: ignore[no-untyped-def]
+    use_fleet(settings, FLEET)
+    process = processes.start_gpu_agent(FLEET, ARTIFACTS / "logs" / "gpu-agent-e2e.log")
+    yield
+    processes.stop(process)
+
+
+def running_session(user: User, image: NotebookImage) -> NotebookSession:
+    session = start_session(user, Launch(SliceRequest("mig", "2g.35gb", host="live"), image.pk, "charts"))
+    record_event(session.pk, "container_started", container_id="c-charts")
+    return record_event(session.pk, "ready")
+
+
+def test_a_session_page_charts_its_slice_live(
+    portal_server: str, page: Page, alice: User, notebook_image: NotebookImage, agent: None
+) -> None:
+    session = running_session(alice, notebook_image)
+    log_in(page, portal_server, "alice")
+    page.goto(f"{portal_server}/sessions/{session.pk}/")
+    expect(page.get_by_role("heading", level=1)).to_contain_text("charts")
+    charts = page.locator("[data-live-session]")
+    expect(charts).to_have_attribute("data-state", "live", timeout=5000)
+    page.wait_for_function("() => Number(document.querySelector('[data-live-session]').dataset.points || 0) >= 1")
+    seen = int(charts.get_attribute("data-points") or 0)
+    # The agent ticks every 250 ms here: within 3 seconds the chart must have taken new points.
+    page.wait_for_function(
+        "n => Number(document.querySelector('[data-live-session]').dataset.points) >= n + 2", arg=seen, timeout=3000
+    )
+    expect(page.locator("output[data-figure='util']")).to_have_text("0 %")  # nothing runs on it: an idle GPU
+    expect(page.locator("output[data-figure='temp']")).to_contain_text("°C")
+    expect(page.locator("[data-live-session] canvas")).to_have_count(4)  # utilisation, memory, temperature, power
+    expect(page.get_by_text("No history yet")).to_be_visible()
+
+
+def test_staff_watch_every_gpu_and_mig_device_with_who_uses_it(
+    portal_server: str, page: Page, alice: User, staff: User, notebook_image: NotebookImage, agent: None
+) -> None:
+    running_session(alice, notebook_image)
+    allocate(alice, SliceRequest("mig", "1g.18gb", host="live"), holder="render:4")
+    log_in(page, portal_server, "charlie")
+    page.goto(f"{portal_server}/sessions/fleet/live/")
+    tiles = page.locator("#fleet-tiles .gpu-tile")
+    expect(tiles).to_have_count(3)
+    expect(page.locator("[data-fleet-status]")).to_have_text("live")
+    expect(page.locator(".mig-devices li")).to_have_count(2, timeout=5000)
+    expect(page.locator(".mig-devices")).to_contain_text("2g.35gb")
+    expect(page.locator(".mig-devices")).to_contain_text("alice #")
+    expect(tiles.first).to_contain_text("simulated")
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(SCREENSHOTS / "fleet-live.png"), full_page=True)
+
+
+def test_bob_cannot_open_alices_session_page(
+    portal_server: str, page: Page, alice: User, bob: User, notebook_image: NotebookImage
+) -> None:
+    use_fleet_session = start_session(alice, Launch(SliceRequest("mig", "1g.18gb"), notebook_image.pk, "private"))
+    log_in(page, portal_server, "bob")
+    response = page.goto(f"{portal_server}/sessions/{use_fleet_session.pk}/")
+    assert response is not None and response.status == 404
