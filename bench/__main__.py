@@ -6,7 +6,7 @@ import argparse
 import importlib
 import sys
 
-BENCHMARKS = ["dashboard", "allocator", "spawn"]
+BENCHMARKS = ["dashboard", "allocator", "spawn", "metrics"]
 
 
 def main(argv: list[str]) -> int:

@@ -24,6 +24,7 @@ class Result:
     goal_ratio: float
     unit: str
     details: dict[str, Any] = field(default_factory=dict)
+    goal_value: float | None = None  # an absolute goal the issue names, judged besides the ratio
 
     @property
     def ratio(self) -> float:
@@ -31,12 +32,17 @@ class Result:
 
     @property
     def met(self) -> bool:
-        return self.ratio <= self.goal_ratio if self.better == "lower" else self.ratio >= self.goal_ratio
+        if self.better == "lower":
+            within = self.goal_value is None or self.value <= self.goal_value
+            return within and self.ratio <= self.goal_ratio
+        within = self.goal_value is None or self.value >= self.goal_value
+        return within and self.ratio >= self.goal_ratio
 
     def write(self) -> Path:
         RESULTS.mkdir(parents=True, exist_ok=True)
         data = asdict(self)
         data.pop("goal_ratio")
+        data.pop("goal_value")
         data.update(ratio=self.ratio, met=self.met, when=datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"))
         path = RESULTS / f"{self.name}.json"
         path.write_text(json.dumps(data, indent=2) + "\n")

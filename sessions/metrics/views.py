@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import redis
+from django.conf import settings
 from django.contrib.auth.decorators import login_required
 from django.http import Http404, HttpResponse
 from django.shortcuts import render
@@ -9,6 +11,7 @@ from django.views.decorators.http import require_GET
 
 from portal.access import staff_required
 from portal.http import PortalRequest
+from sessions.metrics.agent import latest_key
 from sessions.metrics.history import session_history
 from sessions.notebooks.models import NotebookSession
 
@@ -29,3 +32,18 @@ def session_detail(request: PortalRequest, session_id: int) -> HttpResponse:
 def fleet_live(request: PortalRequest) -> HttpResponse:
     """Every GPU and MIG device as a live tile: utilisation, memory, temperature, power, who uses it."""
     return render(request, "sessions/fleet_live.html")
+
+
+@staff_required
+@require_GET
+def fleet_latest(request: PortalRequest) -> HttpResponse:
+    """The newest fleet frame of every agent as JSON, for scripts and pages that cannot hold a websocket."""
+    try:
+        client = redis.Redis.from_url(settings.REDIS_URL, socket_timeout=2)
+        frames = [text.decode() for text in client.hgetall(latest_key()).values()]
+    except redis.RedisError:
+        return HttpResponse(
+            '{"error": "live figures are unavailable right now"}', status=503, content_type="application/json"
+        )
+    # The frames are JSON already: join them instead of parsing and serialising again.
+    return HttpResponse('{"frames": [' + ",".join(frames) + "]}", content_type="application/json")

@@ -71,3 +71,32 @@ def test_gpu_containers_carry_limits_labels_and_no_new_privileges(
     assert labels["gpu-portal.slice"] == str(taken.pk)
     assert labels["gpu-portal.holder"] == "render-job:3"
     assert runtime.containers_for("slice", str(taken.pk)) == [container_id]
+
+
+def test_a_busy_container_makes_its_simulated_slice_busy(
+    make_fleet: FleetMaker, many_slices: User, runtime: DockerRuntime
+) -> None:
+    """The simulator follows what really runs: a container spinning a CPU shows a busy GPU instance."""
+    import time
+
+    from sessions.gpus.backends import get_backend
+    from sessions.metrics.agent import Activity
+
+    make_fleet("dock: 1xH200:mig")
+    busy = allocate(many_slices, SliceRequest(kind="mig", profile="1g.18gb"), holder="notebook:1")
+    idle = allocate(many_slices, SliceRequest(kind="mig", profile="1g.18gb"), holder="notebook:2")
+    spin = ["sh", "-c", "while :; do :; done"]
+    for taken, command in ((busy, spin), (idle, ["sleep", "60"])):
+        options = {"command": command, "network_mode": "host", "nano_cpus": int(1e9)}
+        runtime.started.append(runtime.start_for_slice(taken, IMAGE, **options))  # type: ignore[attr-defined]
+    activity = Activity(runtime.cpu_by_device)
+    activity.refresh()
+    time.sleep(2)
+    activity.refresh()
+    held = {busy.device_uuid: 0.0, idle.device_uuid: 0.0}
+    assert activity.busy[busy.device_uuid] > 0.6, activity.busy
+    assert activity.busy[idle.device_uuid] < 0.1, activity.busy
+    (gpu,) = get_backend().sample({**held, **activity.for_holders(held)})
+    util = {device.uuid: device.utilization for device in gpu.devices}
+    assert util[busy.device_uuid] is not None and util[busy.device_uuid] > 55  # type: ignore[operator]
+    assert util[idle.device_uuid] is not None and util[idle.device_uuid] < 10  # type: ignore[operator]
