@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
@@ -75,7 +75,7 @@ class Activity:
                 busy[device] = max(0.0, min(1.0, (used - before[0]) / elapsed / limit))
         self.previous, self.at, self.busy = usage, now, busy
 
-    def for_holders(self, holders: Holders) -> dict[str, float]:
+    def for_holders(self, holders: Iterable[str]) -> dict[str, float]:
         """Held devices with their busy share; a held device with no container reading is idle (0)."""
         return {device: self.busy.get(device, 0.0) for device in holders}
 

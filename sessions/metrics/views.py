@@ -40,7 +40,7 @@ def fleet_latest(request: PortalRequest) -> HttpResponse:
     """The newest fleet frame of every agent as JSON, for scripts and pages that cannot hold a websocket."""
     try:
         client = redis.Redis.from_url(settings.REDIS_URL, socket_timeout=2)
-        frames = [text.decode() for text in client.hgetall(latest_key()).values()]
+        frames = [t if isinstance(t, str) else t.decode() for t in client.hgetall(latest_key()).values()]
     except redis.RedisError:
         return HttpResponse(
             '{"error": "live figures are unavailable right now"}', status=503, content_type="application/json"

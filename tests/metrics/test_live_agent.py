@@ -9,6 +9,7 @@ import asyncio
 import json
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import websockets
@@ -27,7 +28,7 @@ FLEET = "live: 2xH200:mig"
 
 
 @pytest.fixture
-def fleet(settings) -> None:  # type: ignore[no-untyped-def]
+def fleet(settings) -> None:
     use_fleet(settings, FLEET)
 
 
@@ -46,9 +47,9 @@ def running(user: User, image: NotebookImage, name: str) -> NotebookSession:
     return ready
 
 
-async def frames(url: str, cookie: str, seconds: float) -> list[tuple[float, dict[str, object]]]:
+async def frames(url: str, cookie: str, seconds: float) -> list[tuple[float, dict[str, Any]]]:
     """Every frame a socket receives for a while, with the moment it arrived."""
-    received = []
+    received: list[tuple[float, dict[str, Any]]] = []
     headers = {"Cookie": cookie, "Origin": "http://127.0.0.1:8000"}
     async with websockets.connect(url, additional_headers=headers) as socket:
         deadline = time.monotonic() + seconds
@@ -71,18 +72,14 @@ async def test_each_owner_receives_their_own_slice_and_never_another_persons(
     alice_cookie = await database_sync_to_async(session_cookie)(alice)
     base = portal_server.replace("http://", "ws://")
     got = await frames(f"{base}/ws/metrics/sessions/{mine.pk}/", alice_cookie, 4.0)
-    with_mine = [
-        (arrived, frame)
-        for arrived, frame in got
-        if any(d["session"] == mine.pk for d in frame["devices"])  # type: ignore[attr-defined]
-    ]
+    with_mine = [(arrived, frame) for arrived, frame in got if any(d["session"] == mine.pk for d in frame["devices"])]
     assert len(with_mine) >= 3, f"the agent ticks every 250 ms; got {len(got)} frames"
     for arrived, frame in got:
         assert frame["kind"] == "mine"
         devices = frame["devices"]
-        assert {d["uuid"] for d in devices} == {mine.slice.device_uuid}  # type: ignore[union-attr,index]
+        assert {d["uuid"] for d in devices} == {mine.slice.device_uuid}  # type: ignore[union-attr]
         assert theirs.slice is not None and theirs.slice.device_uuid not in json.dumps(frame)
-        assert arrived - float(frame["t"]) < 1.0, "a frame arrives within a second of its sample"  # type: ignore[arg-type]
-    device = with_mine[-1][1]["devices"][0]  # type: ignore[index]
+        assert arrived - float(frame["t"]) < 1.0, "a frame arrives within a second of its sample"
+    device = with_mine[-1][1]["devices"][0]
     assert device["profile"] == "1g.18gb" and device["model"] == "H200-SXM5-141GB"
     assert device["util"] == 0.0 and device["temp"] is not None, "nothing runs there: an idle GPU"
