@@ -2,7 +2,9 @@
 JupyterHub + DockerSpawner with the same image, and a bare `docker run` as the floor, in one run.
 
 Each figure is the time from the request to JupyterLab's /api answering 200 through
-configurable-http-proxy (the floor: directly), one server at a time, medians of --runs.
+configurable-http-proxy (the floor: directly). Headline: one server at a time, medians of
+--runs. Then a burst: --burst people launch at the same moment, on ours and on stock; the
+p95 of those launches is compared, and how each scales from one launch to the burst.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from bench.report import Result
+from bench.report import Result, percentile
 from bench.server import BIN, ROOT, bench_database_url
 from bench.spawn_client import answers, wait
 
@@ -28,6 +30,7 @@ IMAGE = "gpu-portal/notebook:latest"
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--runs", type=int, default=5, help="launches per contender (default 5)")
+    parser.add_argument("--burst", type=int, default=8, help="launches at once in the burst (default 8)")
 
 
 def free_port() -> int:
@@ -57,7 +60,7 @@ class Stack:
                 process.kill()
 
 
-def ours(runs: int, tmp: Path) -> list[float]:
+def ours(runs: int, burst: int, tmp: Path) -> tuple[list[float], list[float]]:
     ports = {name: free_port() for name in ("public", "portal", "hub", "proxy_api")}
     public = f"http://127.0.0.1:{ports['public']}"
     env = dict(os.environ)
@@ -104,15 +107,12 @@ def ours(runs: int, tmp: Path) -> list[float]:
         )
         wait(lambda: answers_any(f"{public}/jupyter/hub/api/"), 60)
         time.sleep(2)  # let the worker connect
-        result = subprocess.run(
-            [str(BIN / "python"), "-m", "bench.spawn_client", str(runs), public],
-            cwd=ROOT,
-            env=env,
-            capture_output=True,
-            text=True,
-            check=True,
-        )
-        return list(json.loads(result.stdout.strip().splitlines()[-1]))
+        client = [str(BIN / "python"), "-m", "bench.spawn_client", str(runs), public]
+        figures = []
+        for extra in ([], [str(burst)]):
+            result = subprocess.run([*client, *extra], cwd=ROOT, env=env, capture_output=True, text=True, check=True)
+            figures.append(list(json.loads(result.stdout.strip().splitlines()[-1])))
+        return figures[0], figures[1]
     finally:
         stack.stop()
 
@@ -125,8 +125,8 @@ def answers_any(url: str) -> bool:
         return False
 
 
-def stock(runs: int, tmp: Path) -> list[float]:
-    ports = {name: free_port() for name in ("public", "hub", "proxy_api", "server")}
+def stock(runs: int, burst: int, tmp: Path) -> tuple[list[float], list[float]]:
+    ports = {name: free_port() for name in ("public", "hub", "proxy_api")}
     token = secrets.token_hex(16)
     data = tmp / "stock"
     data.mkdir()
@@ -136,7 +136,6 @@ def stock(runs: int, tmp: Path) -> list[float]:
         BENCH_PUBLIC_PORT=str(ports["public"]),
         BENCH_HUB_PORT=str(ports["hub"]),
         BENCH_PROXY_API_PORT=str(ports["proxy_api"]),
-        BENCH_SERVER_PORT=str(ports["server"]),
         BENCH_TOKEN=token,
     )
     public = f"http://127.0.0.1:{ports['public']}"
@@ -154,9 +153,34 @@ def stock(runs: int, tmp: Path) -> list[float]:
             times.append(time.perf_counter() - started)
             call(api + "/users/bench/server", "DELETE", token)
             wait(lambda: not container_exists("bench-stock-bench"), 60)
-        return times
+        return times, stock_burst(api, public, token, burst)
     finally:
         stack.stop()
+
+
+def stock_burst(api: str, public: str, token: str, count: int) -> list[float]:
+    """``count`` users' servers requested from the stock hub at the same moment."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    users = [f"burst{n}" for n in range(count)]
+    for user in users:
+        call(f"{api}/users/{user}", "POST", token)
+    gate = time.monotonic() + 1.0
+
+    def one(user: str) -> float:
+        time.sleep(max(0.0, gate - time.monotonic()))
+        started = time.perf_counter()
+        call(f"{api}/users/{user}/server", "POST", token)
+        wait(lambda: answers(f"{public}/user/{user}/api"))
+        return time.perf_counter() - started
+
+    with ThreadPoolExecutor(count) as pool:
+        times = list(pool.map(one, users))
+    for user in users:
+        call(f"{api}/users/{user}/server", "DELETE", token)
+    for user in users:
+        wait(lambda user=user: not container_exists(f"bench-stock-{user}"), 90)
+    return times
 
 
 def call(url: str, method: str, token: str) -> None:
@@ -207,13 +231,27 @@ def run(args: argparse.Namespace) -> Result:
     subprocess.run([str(ROOT / "compose/bin/build-notebook-image")], check=True)
     with tempfile.TemporaryDirectory(prefix="bench-spawn-") as name:
         tmp = Path(name)
-        figures = {"ours": ours(args.runs, tmp), "stock": stock(args.runs, tmp), "floor": floor(args.runs)}
+        ours_runs, ours_burst = ours(args.runs, args.burst, tmp)
+        stock_runs, stock_burst_runs = stock(args.runs, args.burst, tmp)
+        figures = {"ours": ours_runs, "stock": stock_runs, "floor": floor(args.runs)}
     medians = {key: round(statistics.median(values), 3) for key, values in figures.items()}
+    bursts = {"ours": ours_burst, "stock": stock_burst_runs}
+    p95 = {key: round(percentile(values, 95), 3) for key, values in bursts.items()}
     details = {
         "medians_s": medians,
         "runs_s": {key: [round(v, 3) for v in values] for key, values in figures.items()},
         "ours_vs_floor": round(medians["ours"] / medians["floor"], 3),
-        "concurrency": "not measured yet (8-way burst is an open item)",
+        f"burst_{args.burst}": {
+            "p95_s": p95,
+            "medians_s": {key: round(statistics.median(values), 3) for key, values in bursts.items()},
+            "runs_s": {key: sorted(round(v, 3) for v in values) for key, values in bursts.items()},
+            "p95_ratio_ours_over_stock": round(p95["ours"] / p95["stock"], 3),
+            "goal": "ratio <= 1.0",
+            # how each slows from one launch alone to the burst (median of the burst over median alone)
+            "scaling_1_to_burst": {
+                key: round(statistics.median(bursts[key]) / medians[key], 2) for key in ("ours", "stock")
+            },
+        },
     }
     print(json.dumps(details, indent=2))
     result = Result(

@@ -1,7 +1,8 @@
 """Child of the spawn benchmark: launch sessions through the portal's service layer, as the form does.
 
-python -m bench.spawn_client RUNS PUBLIC_URL  (Django settings from the environment)
-prints one JSON line: seconds from the launch call to JupyterLab's /api answering 200 through the proxy.
+python -m bench.spawn_client RUNS PUBLIC_URL [BURST]  (Django settings from the environment)
+prints one JSON line: seconds from the launch call to JupyterLab's /api answering 200 through the proxy;
+with BURST, BURST people launch at once (users bench0..), and the line lists each one's time.
 """
 
 from __future__ import annotations
@@ -42,6 +43,35 @@ def wait(check, timeout: float = 120) -> None:  # type: ignore[no-untyped-def]
     raise TimeoutError("timed out")
 
 
+def burst(count: int, public: str) -> list[float]:
+    """``count`` people press Launch at the same moment; each one's request-to-ready time."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from django.db import connection
+
+    image = NotebookImage.objects.get(default=True)
+    users = [User.objects.get_or_create(username=f"bench{n}")[0] for n in range(count)]
+    gate = time.monotonic() + 1.0
+
+    def one(user: User) -> tuple[float, int]:
+        try:
+            time.sleep(max(0.0, gate - time.monotonic()))
+            started = time.perf_counter()
+            session = start_session(user, Launch(SliceRequest("mig", "1g.18gb"), image.pk, "burst"))
+            wait(lambda: answers(f"{public}/jupyter/user/{user.username}/burst/api"))
+            return time.perf_counter() - started, session.pk
+        finally:
+            connection.close()
+
+    with ThreadPoolExecutor(count) as pool:
+        outcomes = list(pool.map(one, users))
+    for user, (_, session_id) in zip(users, outcomes, strict=True):
+        stop_session(session_id, by=user)
+    for _, session_id in outcomes:
+        wait(lambda session_id=session_id: NotebookSession.objects.get(pk=session_id).state == "stopped", 90)
+    return [elapsed for elapsed, _ in outcomes]
+
+
 def main(runs: int, public: str) -> None:
     user = User.objects.get(username="bench")
     image = NotebookImage.objects.get(default=True)
@@ -58,4 +88,7 @@ def main(runs: int, public: str) -> None:
 
 
 if __name__ == "__main__":
-    main(int(sys.argv[1]), sys.argv[2])
+    if len(sys.argv) > 3:
+        print(json.dumps(burst(int(sys.argv[3]), sys.argv[2])))
+    else:
+        main(int(sys.argv[1]), sys.argv[2])

@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import factory
 from django.contrib.auth.models import Group, User
+
+if TYPE_CHECKING:
+    from sessions.gpus.allocator import SliceRequest
+    from sessions.notebooks.models import NotebookImage, NotebookSession
 
 PASSWORD = "correct horse battery staple"
 
@@ -33,3 +39,29 @@ def make_user(username: str, roles: list[str], **fields: object) -> User:
     user = UserFactory(username=username, roles=roles, **fields)
     assert isinstance(user, User)
     return user
+
+
+def running_session(owner: User, image: NotebookImage, request: SliceRequest, name: str) -> NotebookSession:
+    """A session that runs as far as the portal knows, set up without the hub or Celery.
+
+    start_session() would enqueue a real start; with a Celery worker up and no hub
+    that start fails and frees the slice, which is not what a metrics test is about.
+    """
+    from django.utils import timezone
+
+    from sessions.gpus.allocator import allocate
+    from sessions.notebooks.models import NotebookSession
+
+    now = timezone.now()
+    session = NotebookSession.objects.create(
+        owner=owner,
+        server_name=name,
+        image=image,
+        state=NotebookSession.State.RUNNING,
+        progress=100,
+        container_started_at=now,
+        ready_at=now,
+    )
+    session.slice = allocate(owner, request, holder=f"notebook:{session.pk}")
+    session.save(update_fields=["slice"])
+    return session

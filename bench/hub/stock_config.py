@@ -1,5 +1,5 @@
 # The spawn benchmark's baseline: stock JupyterHub + stock DockerSpawner, same image, same proxy.
-# Host network, one server at a time (DockerSpawner fixes the port); no portal, no SSO.
+# Host network, each server on a free port of its own; no portal, no SSO.
 import os
 from pathlib import Path
 
@@ -21,10 +21,16 @@ c.JupyterHub.load_roles = [
 ]
 c.JupyterHub.tornado_settings = {"slow_spawn_timeout": 0}
 from dockerspawner import DockerSpawner  # noqa: E402
+from jupyterhub.utils import random_port  # noqa: E402
 
 
 class HostNetworkDockerSpawner(DockerSpawner):  # type: ignore[misc]
-    """DockerSpawner as its documentation says to run it on the host network: nothing more."""
+    """DockerSpawner as its documentation says to run it on the host network: its own address and port
+    (a free one per server, so several can run at once); nothing more."""
+
+    async def start(self):  # type: ignore[no-untyped-def]
+        self.port = random_port()
+        return await super().start()
 
     async def get_ip_and_port(self):  # type: ignore[no-untyped-def]
         return self.host_ip, self.port
@@ -36,7 +42,6 @@ c.DockerSpawner.image = "gpu-portal/notebook:latest"
 c.DockerSpawner.pull_policy = "never"
 c.DockerSpawner.network_name = "host"
 c.DockerSpawner.ip = "127.0.0.1"
-c.DockerSpawner.port = int(os.environ["BENCH_SERVER_PORT"])
 c.DockerSpawner.extra_host_config = {"port_bindings": None}
 c.DockerSpawner.remove = True
 c.DockerSpawner.name_template = "bench-stock-{username}"

@@ -7,6 +7,8 @@ them) and ``servers`` (start, stop and read named servers).
 
 from __future__ import annotations
 
+import json
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -64,3 +66,29 @@ class Hub:
             name: ServerStatus(bool(s.get("ready")), s.get("pending"), s.get("url", ""), s.get("last_activity"))
             for name, s in found.items()
         }
+
+    def progress(self, user: str, server: str, timeout: float = 120) -> list[dict[str, Any]]:
+        """The spawn progress stream of a starting server, read to its end (ready or failed).
+
+        A server that is already running gives just the hub's ready event.
+        """
+        events: list[dict[str, Any]] = []
+        path = f"/users/{user}/servers/{server}/progress"
+        deadline = time.monotonic() + timeout
+        try:
+            with self.session.get(
+                f"{self.api_url}{path}", stream=True, timeout=TIMEOUT, headers={"Accept": "text/event-stream"}
+            ) as response:
+                if response.status_code != 200:
+                    raise HubError(f"JupyterHub refused the progress of {user}/{server}: HTTP {response.status_code}")
+                for line in response.iter_lines(decode_unicode=True):
+                    if line and line.startswith("data:"):
+                        event = json.loads(line[5:])
+                        events.append(event)
+                        if event.get("ready") or event.get("failed"):
+                            break
+                    if time.monotonic() > deadline:
+                        raise HubError(f"the progress of {user}/{server} did not end within {timeout} s")
+        except requests.RequestException as error:
+            raise HubError(f"could not read the progress of {user}/{server}: {error}") from None
+        return events

@@ -36,6 +36,8 @@ class PortalSpawner(DockerSpawner):
 
     _pool: ThreadPoolExecutor | None = None
     session_id = 0
+    _steps: list[tuple[int, str]]
+    _starting = False
     # DockerSpawner's traits, typed for our use of them (annotations only: the traits stay).
     network_name: str
     environment: dict[str, Any]
@@ -132,18 +134,44 @@ class PortalSpawner(DockerSpawner):
         ip, port = await super().get_ip_and_port()
         return str(ip), int(port)
 
+    def _step(self, percent: int, message: str) -> None:
+        """One step of the launch, for the hub's progress stream (its pages and the REST API)."""
+        self._steps.append((percent, message))
+
+    async def progress(self) -> Any:
+        """The launch's steps as the hub streams them; each reader gets them all from the first."""
+        shown = 0
+        while True:
+            steps = getattr(self, "_steps", [])
+            for percent, message in steps[shown:]:
+                yield {"progress": percent, "message": message}
+            shown = len(steps)
+            if not self._starting:
+                return
+            await asyncio.sleep(0.1)
+
     async def start(self) -> tuple[str, int]:
-        self._apply(await self._fetch_spec())
-        self._report_soon("progress", message="Creating the container")
+        self._steps, self._starting = [], True
         try:
-            ip, port = await super().start()
-            self._report_soon("container_started", container_id=self.container_id)
-            await self._wait_until_answering(ip, port)
-        except Exception as error:
-            self._report_soon("failed", message=str(error))
-            raise
-        self._report_soon("ready")
-        return ip, port
+            self._step(10, "Slice allocated; asking the portal for the launch spec")
+            self._apply(await self._fetch_spec())
+            self._step(
+                30, f"Creating the container on {', '.join(self.extra_host_config['device_requests'][0]['device_ids'])}"
+            )
+            self._report_soon("progress", message="Creating the container")
+            try:
+                ip, port = await super().start()
+                self._report_soon("container_started", container_id=self.container_id)
+                self._step(60, "Container started; waiting for JupyterLab to answer")
+                await self._wait_until_answering(ip, port)
+            except Exception as error:
+                self._report_soon("failed", message=str(error))
+                raise
+            self._step(90, "JupyterLab answers")
+            self._report_soon("ready")
+            return ip, port
+        finally:
+            self._starting = False
 
     async def _wait_until_answering(self, ip: str, port: int) -> None:
         # Polling ourselves beats the hub's random back-off by seconds.

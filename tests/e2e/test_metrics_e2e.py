@@ -10,9 +10,9 @@ from playwright.sync_api import Page, expect
 
 from sessions.gpus.allocator import SliceRequest, allocate
 from sessions.notebooks.models import NotebookImage, NotebookSession
-from sessions.notebooks.services import Launch, record_event, start_session
 from tests.conftest import ARTIFACTS
 from tests.e2e.conftest import SCREENSHOTS, log_in
+from tests.factories import running_session
 from tests.gpus.conftest import use_fleet
 from tests.helpers import processes
 
@@ -28,16 +28,14 @@ def agent(settings, notebook_image: NotebookImage) -> Iterator[None]:  # type: i
     processes.stop(process)
 
 
-def running_session(user: User, image: NotebookImage) -> NotebookSession:
-    session = start_session(user, Launch(SliceRequest("mig", "2g.35gb", host="live"), image.pk, "charts"))
-    record_event(session.pk, "container_started", container_id="c-charts")
-    return record_event(session.pk, "ready")
+def charted_session(user: User, image: NotebookImage) -> NotebookSession:
+    return running_session(user, image, SliceRequest("mig", "2g.35gb", host="live"), "charts")
 
 
 def test_a_session_page_charts_its_slice_live(
     portal_server: str, page: Page, alice: User, notebook_image: NotebookImage, agent: None
 ) -> None:
-    session = running_session(alice, notebook_image)
+    session = charted_session(alice, notebook_image)
     log_in(page, portal_server, "alice")
     page.goto(f"{portal_server}/sessions/{session.pk}/")
     expect(page.get_by_role("heading", level=1)).to_contain_text("charts")
@@ -58,7 +56,7 @@ def test_a_session_page_charts_its_slice_live(
 def test_staff_watch_every_gpu_and_mig_device_with_who_uses_it(
     portal_server: str, page: Page, alice: User, staff: User, notebook_image: NotebookImage, agent: None
 ) -> None:
-    running_session(alice, notebook_image)
+    charted_session(alice, notebook_image)
     allocate(alice, SliceRequest("mig", "1g.18gb", host="live"), holder="render:4")
     log_in(page, portal_server, "charlie")
     page.goto(f"{portal_server}/sessions/fleet/live/")
@@ -76,7 +74,7 @@ def test_staff_watch_every_gpu_and_mig_device_with_who_uses_it(
 def test_bob_cannot_open_alices_session_page(
     portal_server: str, page: Page, alice: User, bob: User, notebook_image: NotebookImage
 ) -> None:
-    use_fleet_session = start_session(alice, Launch(SliceRequest("mig", "1g.18gb"), notebook_image.pk, "private"))
+    private = running_session(alice, notebook_image, SliceRequest("mig", "1g.18gb"), "private")
     log_in(page, portal_server, "bob")
-    response = page.goto(f"{portal_server}/sessions/{use_fleet_session.pk}/")
+    response = page.goto(f"{portal_server}/sessions/{private.pk}/")
     assert response is not None and response.status == 404

@@ -12,13 +12,16 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+import redis.asyncio
 import websockets
+from django.conf import settings
 from django.contrib.auth.models import User
 
 from sessions.gpus.allocator import SliceRequest
+from sessions.metrics.agent import latest_key
 from sessions.notebooks.models import NotebookImage, NotebookSession
-from sessions.notebooks.services import Launch, record_event, start_session
 from tests.conftest import ARTIFACTS
+from tests.factories import running_session
 from tests.gpus.conftest import use_fleet
 from tests.helpers import processes
 from tests.helpers.websockets import session_cookie
@@ -40,11 +43,24 @@ def agent(fleet: None) -> Iterator[None]:
 
 
 def running(user: User, image: NotebookImage, name: str) -> NotebookSession:
-    session = start_session(user, Launch(SliceRequest("mig", "1g.18gb", host="live"), image.pk, name))
-    record_event(session.pk, "container_started", container_id=f"c-{name}")
-    ready = record_event(session.pk, "ready")
-    assert ready.slice is not None  # loaded here, where the database may be used
-    return ready
+    session = running_session(user, image, SliceRequest("mig", "1g.18gb", host="live"), name)
+    assert session.slice is not None  # loaded here, where the database may be used
+    return session
+
+
+async def agent_sees(*sessions: int) -> None:
+    """Wait until the agent has picked up who holds what (it re-reads the slices every 2 s)."""
+    store = redis.asyncio.Redis.from_url(settings.REDIS_URL)
+    latest: list[bytes] = []
+    try:
+        for _ in range(100):
+            latest = [v if isinstance(v, bytes) else v.encode() for v in (await store.hgetall(latest_key())).values()]
+            if all(f'"session":{number}'.encode() in b"".join(latest) for number in sessions):
+                return
+            await asyncio.sleep(0.1)
+    finally:
+        await store.aclose()
+    raise AssertionError(f"the agent never showed sessions {sessions}: {latest!r:.2000}")
 
 
 async def frames(url: str, cookie: str, seconds: float) -> list[tuple[float, dict[str, Any]]]:
@@ -70,8 +86,9 @@ async def test_each_owner_receives_their_own_slice_and_never_another_persons(
     mine = await database_sync_to_async(running)(alice, notebook_image, "mine")
     theirs = await database_sync_to_async(running)(bob, notebook_image, "theirs")
     alice_cookie = await database_sync_to_async(session_cookie)(alice)
+    await agent_sees(mine.pk, theirs.pk)
     base = portal_server.replace("http://", "ws://")
-    got = await frames(f"{base}/ws/metrics/sessions/{mine.pk}/", alice_cookie, 4.0)
+    got = await frames(f"{base}/ws/metrics/sessions/{mine.pk}/", alice_cookie, 3.0)
     with_mine = [(arrived, frame) for arrived, frame in got if any(d["session"] == mine.pk for d in frame["devices"])]
     assert len(with_mine) >= 3, f"the agent ticks every 250 ms; got {len(got)} frames"
     for arrived, frame in got:

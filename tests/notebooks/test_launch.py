@@ -125,3 +125,23 @@ def test_a_persons_work_folder_outlives_their_sessions(hub: str, notebook_image:
     assert runtime.run_in(container_id, ["cat", "/home/jovyan/work/notes.txt"]).strip() == token
     stop_session(second.pk, by=alice)
     wait_for(lambda: state_of(second) == NotebookSession.State.STOPPED, 60, "the second session to stop")
+
+
+def test_the_hubs_progress_stream_carries_the_spawners_steps(
+    hub: str, notebook_image: NotebookImage, alice: User
+) -> None:
+    session = start_session(alice, Launch(SliceRequest("mig", "1g.18gb"), notebook_image.pk, "steps"))
+    hub_api = Hub()
+    # Attach while the hub still has the start pending: the stream then replays every step so far.
+    wait_for(lambda: "steps" in hub_api.servers("alice") or state_of(session) != "starting", 60, "the hub to start")
+    events = hub_api.progress("alice", "steps")
+    messages = [event.get("message", "") for event in events]
+    assert events[-1].get("ready") is True, events
+    # Our steps, in order, before the hub's ready event (a container takes seconds to start: we attach in time).
+    assert messages[0].startswith("Slice allocated"), messages
+    assert any(m.startswith("Creating the container on MIG-") for m in messages), messages
+    assert [e["progress"] for e in events[:-1]] == sorted(e["progress"] for e in events[:-1])
+    with pytest.raises(HubError):
+        hub_api.progress("alice", "no-such-server", timeout=5)
+    stop_session(session.pk, by=alice)
+    wait_for(lambda: state_of(session) == NotebookSession.State.STOPPED, 60, "the session to stop")
