@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import TYPE_CHECKING
 
 import factory
@@ -65,3 +66,22 @@ def running_session(owner: User, image: NotebookImage, request: SliceRequest, na
     session.slice = allocate(owner, request, holder=f"notebook:{session.pk}")
     session.save(update_fields=["slice"])
     return session
+
+
+def session_minute(session: NotebookSession, minute: datetime, util: float, **figures: float) -> None:
+    """One stored minute of GPU history for a session's slice, as the agent writes it."""
+    from sessions.metrics.models import GpuMinute
+
+    GpuMinute.objects.create(
+        minute=minute,
+        host="sim",
+        gpu_uuid="GPU-test",
+        device_uuid=session.slice.device_uuid if session.slice else "MIG-test",
+        holder=f"notebook:{session.pk}",
+        owner_id=session.owner_id,
+        session_id=session.pk,
+        samples=60,
+        util_mean=util,
+        util_max=util,
+        **figures,
+    )

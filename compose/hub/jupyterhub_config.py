@@ -17,7 +17,11 @@ PROXY_API_PORT = int(os.environ.get("PORTAL_PROXY_API_PORT", "8001"))
 SERVICE_TOKEN = os.environ.get("PORTAL_HUB_SERVICE_TOKEN") or (DATA / "hub_service_token").read_text().strip()
 
 c.JupyterHub.bind_url = f"{PUBLIC}/jupyter/"
-c.JupyterHub.hub_bind_url = f"http://127.0.0.1:{HUB_PORT}"
+c.JupyterHub.hub_bind_url = os.environ.get("PORTAL_HUB_BIND_URL") or f"http://127.0.0.1:{HUB_PORT}"
+# Servers on a Docker bridge network cannot reach 127.0.0.1 of the host: there the hub must listen on an
+# address they can reach (PORTAL_HUB_BIND_URL, e.g. the docker0 gateway) and tell them so.
+if os.environ.get("PORTAL_HUB_CONNECT_URL"):
+    c.JupyterHub.hub_connect_url = os.environ["PORTAL_HUB_CONNECT_URL"]
 c.JupyterHub.db_url = f"sqlite:///{HUB_DATA / 'jupyterhub.sqlite'}"
 c.JupyterHub.cookie_secret_file = str(HUB_DATA / "cookie_secret")
 c.JupyterHub.pid_file = str(HUB_DATA / "jupyterhub.pid")

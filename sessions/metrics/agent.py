@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 import redis.asyncio as aioredis
 from channels.layers import get_channel_layer
 from django.conf import settings
-from django.db import close_old_connections
+from django.db import close_old_connections, connections
 
 from sessions.gpus.backends.base import GpuBackend
 from sessions.metrics import history
@@ -130,6 +130,7 @@ class Agent:
         await self._save_minutes()
         if self.redis is not None:
             await self.redis.aclose()
+        await self._in_db_thread(connections.close_all)  # the DB thread's connection goes with it
         self.db.shutdown(wait=True)
         self.docker.shutdown(wait=False)
 

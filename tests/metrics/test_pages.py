@@ -13,9 +13,9 @@ from django.test import Client
 
 from sessions.gpus.allocator import SliceRequest
 from sessions.metrics.agent import latest_key
-from sessions.metrics.models import GpuMinute
 from sessions.notebooks.models import NotebookImage
 from sessions.notebooks.services import Launch, start_session
+from tests.factories import session_minute
 
 pytestmark = pytest.mark.django_db
 
@@ -31,19 +31,7 @@ def test_a_session_page_shows_its_whole_history_to_its_owner_only(
 ) -> None:
     session = start_session(alice, Launch(SliceRequest("mig", "1g.18gb"), notebook_image.pk, "hist"))
     for minute, util in ((0, 10.0), (1, 80.0)):
-        GpuMinute.objects.create(
-            minute=datetime(2026, 11, 30, 9, minute, tzinfo=UTC),
-            host="nb",
-            gpu_uuid="G",
-            device_uuid="M",
-            holder=f"notebook:{session.pk}",
-            owner=alice,
-            session_id=session.pk,
-            samples=60,
-            util_mean=util,
-            util_max=util,
-            power_mean=100.0,
-        )
+        session_minute(session, datetime(2026, 11, 30, 9, minute, tzinfo=UTC), util, power_mean=100.0)
     page = client_for(alice).get(f"/sessions/{session.pk}/")
     assert page.status_code == 200
     history = page.context["history"]

@@ -10,10 +10,10 @@ from django.test import Client
 from django.utils import timezone
 
 from sessions.gpus.allocator import SliceRequest
-from sessions.metrics.models import GpuMinute
 from sessions.notebooks.culling import cull, idle_timeout
 from sessions.notebooks.models import NotebookImage, NotebookSession
 from sessions.notebooks.services import Launch, record_event, start_session
+from tests.factories import session_minute
 
 pytestmark = pytest.mark.django_db
 State = NotebookSession.State
@@ -70,19 +70,7 @@ def test_a_busy_gpu_keeps_a_session_alive_and_an_idle_one_does_not(
     later = last + timedelta(minutes=45)  # past the 30-minute timeout for both, as far as the hub knows
     minute = (later - timedelta(minutes=3)).replace(second=0, microsecond=0)
     for session, util in ((busy, 80.0), (quiet, settings.IDLE_GPU_UTIL_PERCENT - 1.0)):
-        assert session.slice is not None
-        GpuMinute.objects.create(
-            minute=minute,
-            host="sim-1",
-            gpu_uuid="GPU-x",
-            device_uuid=session.slice.device_uuid,
-            holder=f"notebook:{session.pk}",
-            owner=alice,
-            session_id=session.pk,
-            samples=60,
-            util_mean=util,
-            util_max=util,
-        )
+        session_minute(session, minute, util)
     assert cull({busy.pk: last, quiet.pk: last}, now=later) == {"warned": 0, "stopped": 1}
     assert NotebookSession.objects.get(pk=busy.pk).state == State.RUNNING
     assert NotebookSession.objects.get(pk=busy.pk).last_activity == minute + timedelta(minutes=1)

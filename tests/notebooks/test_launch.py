@@ -138,7 +138,7 @@ def test_the_hubs_progress_stream_carries_the_spawners_steps(
     messages = [event.get("message", "") for event in events]
     assert events[-1].get("ready") is True, events
     # Our steps, in order, before the hub's ready event (a container takes seconds to start: we attach in time).
-    assert messages[0].startswith("Slice allocated"), messages
+    assert messages[0] == "Server requested" and messages[1].startswith("Slice allocated"), messages  # the hub's, ours
     assert any(m.startswith("Creating the container on MIG-") for m in messages), messages
     assert [e["progress"] for e in events[:-1]] == sorted(e["progress"] for e in events[:-1])
     with pytest.raises(HubError):
