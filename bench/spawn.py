@@ -22,7 +22,7 @@ from pathlib import Path
 
 from bench.report import Result, percentile
 from bench.server import BIN, ROOT, bench_database_url
-from bench.spawn_client import answers, wait
+from bench.spawn_client import BURST_POLL_S, answers, wait
 
 DOCKER = "/usr/bin/docker"
 IMAGE = "gpu-portal/notebook:latest"
@@ -171,7 +171,7 @@ def stock_burst(api: str, public: str, token: str, count: int) -> list[float]:
         time.sleep(max(0.0, gate - time.monotonic()))
         started = time.perf_counter()
         call(f"{api}/users/{user}/server", "POST", token)
-        wait(lambda: answers(f"{public}/user/{user}/api"))
+        wait(lambda: answers(f"{public}/user/{user}/api"), every=BURST_POLL_S)
         return time.perf_counter() - started
 
     with ThreadPoolExecutor(count) as pool:

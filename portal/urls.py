@@ -3,7 +3,7 @@
 from django.conf import settings
 from django.contrib import admin
 from django.contrib.auth import views as auth_views
-from django.urls import include, path
+from django.urls import include, path, re_path
 
 from portal import views
 from sessions.metrics.prometheus import metrics_view
@@ -29,4 +29,8 @@ urlpatterns = [
     path("internal/notebooks/", include("sessions.notebooks.urls")),
     path("o/", include("oauth2_provider.urls", namespace="oauth2_provider")),
     path("admin/", admin.site.urls),
+    # A notebook server the proxy has no route for (not started yet, or stopped): the proxy sends its
+    # paths here, its default target. Hand them to the hub, as a stock proxy would, whose "not running"
+    # page points back to the Sessions page; cheap, since JupyterLab tabs keep retrying.
+    re_path(r"^jupyter/user/(?P<rest>.*)$", views.hub_user_path, name="hub-user-path"),
 ]

@@ -7,7 +7,7 @@ from django.contrib import messages
 from django.contrib.auth import login
 from django.contrib.auth.decorators import login_required
 from django.contrib.auth.models import Group
-from django.http import Http404, HttpRequest, HttpResponse
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_GET
 
@@ -15,6 +15,11 @@ from portal.forms import SignupForm
 from portal.http import PortalRequest
 from portal.models import WorkerHeartbeat
 from portal.roles import USERS, is_operator
+
+
+def hub_user_path(request: HttpRequest, rest: str) -> HttpResponse:
+    query = request.META.get("QUERY_STRING", "")
+    return HttpResponseRedirect(f"/jupyter/hub/user/{rest}" + (f"?{query}" if query else ""))
 
 
 @require_GET

@@ -17,9 +17,19 @@ from typing import Any
 import requests
 from dockerspawner import DockerSpawner
 from tornado import web
+from tornado.httpclient import AsyncHTTPClient, HTTPClientError
 from traitlets import Float, Integer, Unicode
 
 HOME = "/home/jovyan/work"
+
+
+async def _port_open(ip: str, port: int) -> bool:
+    try:
+        _, writer = await asyncio.open_connection(ip, port)
+    except OSError:
+        return False
+    writer.close()
+    return True
 
 
 def free_port() -> int:
@@ -174,15 +184,22 @@ class PortalSpawner(DockerSpawner):
             self._starting = False
 
     async def _wait_until_answering(self, ip: str, port: int) -> None:
-        # Polling ourselves beats the hub's random back-off by seconds.
+        """Poll the server ourselves: the hub's random back-off costs seconds.
+
+        On the event loop, not in threads: a refused connection costs next to nothing,
+        and eight launches at once must not crowd the CPU their servers need to start.
+        """
         url = f"http://{ip}:{port}{self.server.base_url if self.server else '/'}api"
+        client = AsyncHTTPClient()
         deadline = time.monotonic() + self.start_timeout
         while time.monotonic() < deadline:
-            try:
-                await asyncio.to_thread(requests.get, url, timeout=1)
-                return
-            except requests.RequestException:
-                await asyncio.sleep(self.ready_poll_interval)
+            if await _port_open(ip, port):
+                try:
+                    await client.fetch(url, request_timeout=2, raise_error=False)
+                    return
+                except (OSError, HTTPClientError):
+                    pass  # open but not answering yet (or a timeout): try again
+            await asyncio.sleep(self.ready_poll_interval)
         raise TimeoutError(f"JupyterLab did not answer within {self.start_timeout} s")
 
     async def stop(self, now: bool = False) -> None:

@@ -132,3 +132,9 @@ def test_the_dashboard_stays_within_its_query_budget(alice: User, staff: User, d
         alice_client.get("/")
     with django_assert_max_num_queries(6):
         staff_client.get("/")
+
+
+def test_a_notebook_path_the_proxy_has_no_route_for_goes_to_the_hub(client: Client) -> None:
+    answer = client.get("/jupyter/user/alice/lab-1/lab/tree/work?reset=1")
+    assert answer.status_code == 302
+    assert answer["Location"] == "/jupyter/hub/user/alice/lab-1/lab/tree/work?reset=1"
