@@ -71,6 +71,32 @@ def test_staff_watch_every_gpu_and_mig_device_with_who_uses_it(
     page.screenshot(path=str(SCREENSHOTS / "fleet-live.png"), full_page=True)
 
 
+def test_charts_reconnect_by_themselves_after_the_server_restarts(
+    page: Page, alice: User, notebook_image: NotebookImage, agent: None
+) -> None:
+    port = processes.free_port()
+    log = ARTIFACTS / "logs" / "daphne-restart.log"
+    server = processes.start_daphne(port, log)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        session = charted_session(alice, notebook_image)
+        log_in(page, base, "alice")
+        page.goto(f"{base}/sessions/{session.pk}/")
+        charts = page.locator("[data-live-session]")
+        expect(charts).to_have_attribute("data-state", "live", timeout=5000)
+        processes.stop(server)
+        expect(charts).to_have_attribute("data-state", "reconnecting", timeout=5000)
+        seen = int(charts.get_attribute("data-points") or 0)
+        server = processes.start_daphne(port, log)
+        # Back-off doubles from 1 s: within 10 s the page is live again and takes new points, no reload.
+        expect(charts).to_have_attribute("data-state", "live", timeout=10000)
+        page.wait_for_function(
+            "n => Number(document.querySelector('[data-live-session]').dataset.points) >= n + 2", arg=seen
+        )
+    finally:
+        processes.stop(server)
+
+
 def test_bob_cannot_open_alices_session_page(
     portal_server: str, page: Page, alice: User, bob: User, notebook_image: NotebookImage
 ) -> None:
