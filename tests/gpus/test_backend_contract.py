@@ -110,3 +110,30 @@ def test_destroying_a_missing_instance_is_a_clear_error(backend: GpuBackend) -> 
     with pytest.raises(BackendError) as refused:
         backend.destroy_instance(gpus[0][0], 14)
     assert refused.value.code in {"not_found", "driver"}
+
+
+def test_sampling_reads_every_discovered_gpu_and_its_mig_devices(backend: GpuBackend) -> None:
+    """Read-only on real GPUs: what the agent does every second."""
+    import time
+
+    discovered = {gpu.uuid: gpu for host in backend.discover() for gpu in host.gpus if not gpu.problem}
+    samples = {sample.uuid: sample for sample in backend.sample({})}
+    time.sleep(1.1)
+    again = {sample.uuid: sample for sample in backend.sample({})}  # a second read: GPM needs two samples
+    assert set(discovered) <= set(samples) and set(samples) == set(again)
+    for uuid, gpu in discovered.items():
+        sample = again[uuid]
+        assert not sample.problem
+        assert sample.memory_total_mib is not None and abs(sample.memory_total_mib - gpu.memory_mib) <= 1024
+        assert sample.memory_used_mib is not None and 0 <= sample.memory_used_mib <= sample.memory_total_mib
+        assert sample.temperature_c is None or 0 < sample.temperature_c < 120
+        assert sample.power_w is None or 0 < sample.power_w < 2000
+        assert sample.utilization is None or 0 <= sample.utilization <= 100
+        assert sample.sm_clock_mhz is None or 0 <= sample.sm_clock_mhz < 5000
+        if gpu.mig_enabled:
+            assert sample.utilization is None, "no whole-GPU utilisation under MIG: unavailable, never 0"
+            assert {d.uuid for d in sample.devices} == {i.device_uuid for i in gpu.instances}
+            for device in sample.devices:
+                assert 0 <= device.memory_used_mib <= device.memory_total_mib
+                assert device.utilization is None or 0 <= device.utilization <= 100
+        print(f"sampled {gpu.product_name}: {sample}")  # what the NVML run saw, for the note
