@@ -71,6 +71,20 @@ def test_staff_watch_every_gpu_and_mig_device_with_who_uses_it(
     page.screenshot(path=str(SCREENSHOTS / "fleet-live.png"), full_page=True)
 
 
+def test_a_chart_holds_a_fixed_number_of_points_however_long_it_runs(
+    portal_server: str, page: Page, alice: User, notebook_image: NotebookImage, agent: None
+) -> None:
+    """Memory stays flat on a page left open: each series is a ring (900 points; 12 here, to see it wrap)."""
+    session = charted_session(alice, notebook_image)
+    page.add_init_script("window.PORTAL_CHART_POINTS = 12;")
+    log_in(page, portal_server, "alice")
+    page.goto(f"{portal_server}/sessions/{session.pk}/")
+    page.wait_for_function(
+        "() => Number(document.querySelector('[data-live-session]').dataset.points || 0) >= 20", timeout=15000
+    )
+    expect(page.locator("[data-live-session]")).to_have_attribute("data-held", "12")
+
+
 def test_charts_reconnect_by_themselves_after_the_server_restarts(
     page: Page, alice: User, notebook_image: NotebookImage, agent: None
 ) -> None:
