@@ -26,6 +26,7 @@ class Command(BaseCommand):
         parser.add_argument("--no-docker", action="store_true", help="do not follow container CPU use")
 
     def handle(self, *args: Any, **options: Any) -> None:
+        keep_connection_alive()
         backend = get_backend()
         interval_ms = options["interval_ms"] or settings.METRICS_INTERVAL_MS
         if interval_ms < 100:
@@ -40,6 +41,16 @@ class Command(BaseCommand):
             asyncio.run(agent.run(options["ticks"]))
         except KeyboardInterrupt:
             log.info("gpu_agent: stopped")
+
+
+def keep_connection_alive() -> None:
+    """One database connection for the agent's life, checked before reuse and replaced when it broke.
+
+    The portal's default (a connection per request) would mean a new connection every tick.
+    """
+    from django.db import connections
+
+    connections["default"].settings_dict.update(CONN_MAX_AGE=None, CONN_HEALTH_CHECKS=True)
 
 
 def _docker_reader() -> Any:
