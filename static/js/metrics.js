@@ -113,6 +113,11 @@
       box.dataset.held = String(times.length);
       box.dataset.lastUtil = String(values.util);
     }
+    // No frame after a few seconds: say so instead of an empty chart (the GPU agent may not be running).
+    window.setTimeout(function () {
+      if (points) { return; }
+      box.querySelectorAll("output[data-figure]").forEach(function (out) { out.textContent = "no figures yet"; });
+    }, 5000);
     live("/ws/metrics/sessions/" + session + "/", onFrame, function (state) {
       box.dataset.state = state;
       if (status) { status.textContent = {live: "live", reconnecting: "reconnecting…", "logged-out": "log in again to see live figures", forbidden: "not yours"}[state] || state; }
