@@ -177,7 +177,9 @@ class PortalCollector:
 
 def _authorised(request: HttpRequest) -> bool:
     scheme, _, given = request.headers.get("Authorization", "").partition(" ")
-    return scheme == "Bearer" and bool(given) and hmac.compare_digest(given.strip(), settings.METRICS_TOKEN)
+    # As bytes: compare_digest refuses non-ASCII text, and a header may carry anything.
+    offered, expected = given.strip().encode(errors="replace"), settings.METRICS_TOKEN.encode()
+    return scheme == "Bearer" and bool(offered) and hmac.compare_digest(offered, expected)
 
 
 @csrf_exempt  # machine-to-machine, authenticated by the bearer token; a POST gets 405, not a CSRF 403

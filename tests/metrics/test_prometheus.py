@@ -220,7 +220,9 @@ def test_metrics_are_off_without_a_token(client: Client, settings) -> None:  # t
     assert client.get("/metrics", headers={"Authorization": f"Bearer {TOKEN}"}).status_code == 404
 
 
-@pytest.mark.parametrize("auth", [None, "Bearer wrong-token", f"Basic {TOKEN}", "Bearer ", f"Bearer {TOKEN}x"])
+@pytest.mark.parametrize(
+    "auth", [None, "Bearer wrong-token", f"Basic {TOKEN}", "Bearer ", f"Bearer {TOKEN}x", "Bearer t\u00f6ken"]
+)
 def test_a_missing_or_wrong_token_gets_401(client: Client, token: str, auth: str | None) -> None:
     headers = {"Authorization": auth} if auth is not None else {}
     response = client.get("/metrics", headers=headers)
