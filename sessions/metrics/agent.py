@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
+import redis
 import redis.asyncio as aioredis
 from channels.layers import get_channel_layer
 from django.conf import settings
@@ -48,6 +49,15 @@ MAX_UNSAVED_MINUTES = 60
 def latest_key() -> str:
     prefix = settings.CHANNEL_LAYERS["default"]["CONFIG"]["prefix"]  # type: ignore[index]
     return f"{prefix}:{LATEST_KEY}"
+
+
+def latest_frames(timeout_s: float = PUBLISH_TIMEOUT_S) -> dict[str, str]:
+    """Each agent's latest fleet frame, as the text it published. Raises redis.RedisError when Redis is away."""
+    client = redis.Redis.from_url(settings.REDIS_URL, socket_timeout=timeout_s, decode_responses=True)
+    try:
+        return {str(agent): str(text) for agent, text in client.hgetall(latest_key()).items()}
+    finally:
+        client.close()
 
 
 class Activity:

@@ -30,7 +30,7 @@ from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily, Met
 from prometheus_client.samples import Sample
 
 from sessions.gpus.models import Slice
-from sessions.metrics.agent import LATEST_TTL_S, latest_key
+from sessions.metrics.agent import LATEST_TTL_S, latest_frames
 from sessions.notebooks.models import NotebookSession
 
 log = logging.getLogger(__name__)
@@ -54,17 +54,13 @@ Frame = dict[str, Any]
 def read_frames() -> dict[str, Frame]:
     """Every agent's latest fleet frame. Redis away or a garbled frame means fewer GPU rows, not a failed
     scrape: the portal's own figures still matter then, and ``portal_gpu_agents`` shows the gap."""
-    client = redis.Redis.from_url(settings.REDIS_URL, socket_timeout=REDIS_TIMEOUT_S, decode_responses=True)
     try:
-        raw = client.hgetall(latest_key())
+        raw = latest_frames(REDIS_TIMEOUT_S)
     except redis.RedisError as error:
         log.warning("metrics: cannot read the agents' frames: %s", error)
         return {}
-    finally:
-        client.close()
     frames = {}
-    for field, text in raw.items():
-        agent = field if isinstance(field, str) else field.decode()
+    for agent, text in raw.items():
         try:
             frames[agent] = json.loads(text)
         except ValueError as error:

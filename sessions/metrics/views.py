@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import redis
-from django.conf import settings
 from django.contrib.auth.decorators import login_required
 from django.http import Http404, HttpResponse
 from django.shortcuts import render
@@ -11,7 +10,7 @@ from django.views.decorators.http import require_GET
 
 from portal.access import staff_required
 from portal.http import PortalRequest
-from sessions.metrics.agent import latest_key
+from sessions.metrics.agent import latest_frames
 from sessions.metrics.history import session_history
 from sessions.notebooks.models import NotebookSession
 
@@ -39,8 +38,7 @@ def fleet_live(request: PortalRequest) -> HttpResponse:
 def fleet_latest(request: PortalRequest) -> HttpResponse:
     """The newest fleet frame of every agent as JSON, for scripts and pages that cannot hold a websocket."""
     try:
-        client = redis.Redis.from_url(settings.REDIS_URL, socket_timeout=2)
-        frames = [t if isinstance(t, str) else t.decode() for t in client.hgetall(latest_key()).values()]
+        frames = list(latest_frames().values())
     except redis.RedisError:
         return HttpResponse(
             '{"error": "live figures are unavailable right now"}', status=503, content_type="application/json"
