@@ -51,6 +51,11 @@ def _database() -> dict[str, object]:
         config["OPTIONS"] = {"timeout": 20, "transaction_mode": "IMMEDIATE"}
         # A file, not memory, so test helper processes (worker, daphne) share it.
         config["TEST"] = {"NAME": str(DATA_DIR / "test.sqlite3")}
+    elif env.flag("PORTAL_DB_PREPARED", True):
+        # The allocator's statements (sessions/gpus/sql.py) are prepared on first use, which saves
+        # their planning on every later call. The ORM's queries bind on the client and are never
+        # prepared. Turn off behind a pooler in transaction mode that cannot keep prepared statements.
+        config["OPTIONS"] = {"prepare_threshold": 0}
     return config
 
 
