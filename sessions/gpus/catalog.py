@@ -36,6 +36,9 @@ class Profile:
     smi_profile_id: int
     sm_count: int
 
+    def __hash__(self) -> int:
+        return hash((self.name, self.placement_size, self.compute_slices))
+
     @property
     def media_extensions(self) -> bool:
         return self.name.endswith("+me")
@@ -53,6 +56,10 @@ class GpuModel:
     memory_slices: int = 0
     compute_slices: int = 0
     profiles: tuple[Profile, ...] = ()
+
+    def __hash__(self) -> int:
+        # Placement caches key on the model: its name is enough, and far cheaper than every profile.
+        return hash(self.name)
 
     def profile(self, name: str) -> Profile:
         for profile in self.profiles:

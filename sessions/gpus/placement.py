@@ -139,6 +139,7 @@ def value(gpu_model: GpuModel, layout: Layout) -> float:
     return _value_function(gpu_model)(layout)
 
 
+@lru_cache(maxsize=65536)
 def best_start(gpu_model: GpuModel, layout: Layout, profile: Profile) -> tuple[int, float] | None:
     """The start that loses the least future value, as (start, value lost); ties go to the highest start."""
     before = value(gpu_model, layout)
