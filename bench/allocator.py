@@ -42,7 +42,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--length", type=int, default=12, help="requests per sequence (default 12)")
     parser.add_argument("--churn-requests", type=int, default=20000, help="arrivals per churn run (default 20000)")
     parser.add_argument("--gpus", type=int, default=1000, help="fleet size for decision time (default 1000)")
-    parser.add_argument("--decisions", type=int, default=500, help="allocate+release pairs timed (default 500)")
+    parser.add_argument("--decisions", type=int, default=2000, help="allocate+release pairs timed (default 2000)")
     parser.add_argument("--seed", type=int, default=2026)
 
 

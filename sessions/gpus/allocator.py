@@ -4,6 +4,13 @@ Safe under concurrency: a request locks its owner's row (for the per-user
 limit) and the GPU it places on, re-checks that GPU's layout under the lock,
 and writes the slice, the instance and the GPU's bookkeeping in one
 transaction. Partial unique constraints back this up in the database.
+
+Fast: on PostgreSQL each call is its own transaction (``sql.transaction``)
+whose BEGIN and COMMIT travel with its first and last statements, statements
+that do not depend on each other share a round trip, and the layouts to
+choose from come from an in-memory view that re-reads only the GPU rows
+changed since it last looked (``fleetview``). An allocate+release pair costs
+seven round trips.
 """
 
 from __future__ import annotations
@@ -16,11 +23,11 @@ from typing import Any
 
 from django.conf import settings
 from django.contrib.auth.models import User
-from django.db import connection, transaction
+from django.db import connection
 from django.db.models import Exists, F, OuterRef, QuerySet
 from django.utils import timezone
 
-from sessions.gpus import catalog, placement
+from sessions.gpus import catalog, fleetview, placement, sql
 from sessions.gpus.backends import BackendError, backend_for_host
 from sessions.gpus.catalog import GpuModel, Profile
 from sessions.gpus.models import Gpu, GpuHost, GpuInstance, Slice, SliceQuota
@@ -58,12 +65,17 @@ class ReleaseRefused(Exception):
 
 
 def allocate(owner: User, request: SliceRequest, holder: str = "", rule: Rule = placement.choose) -> Slice:
-    with transaction.atomic():
+    with sql.transaction():
         if request.kind == Slice.Kind.MIG:
-            # The first look at the fleet rides along with the limit check: one round trip fewer.
             models = _catalog_models_with(request)
+            # The first look at the fleet rides along with the limit check: one round trip fewer.
+            if sql.manual() and not request.host:
+                view = fleetview.current()
+                view.apply(_check_limit(owner, view.statement())[0])
+                return _allocate_mig(owner, request, holder, rule, models, view)
             first = [_groups(request, models[0], models[0].profile(request.profile))] if models else []
-            return _allocate_mig(owner, request, holder, rule, models, _check_limit(owner, *first))
+            looked = _check_limit(owner, *first)
+            return _allocate_mig(owner, request, holder, rule, models, None, looked[0] if looked else None)
         _check_limit(owner)
         if request.kind in (Slice.Kind.WHOLE, Slice.Kind.SHARED):
             return _allocate_gpu(owner, request, holder)
@@ -110,11 +122,18 @@ def _catalog_models_with(request: SliceRequest) -> list[GpuModel]:
 
 
 def _allocate_mig(
-    owner: User, request: SliceRequest, holder: str, rule: Rule, models: list[GpuModel], looked: list[Rows]
+    owner: User,
+    request: SliceRequest,
+    holder: str,
+    rule: Rule,
+    models: list[GpuModel],
+    view: fleetview.FleetView | None,
+    looked: Rows | None = None,
 ) -> Slice:
     for number, model in enumerate(models):
         profile = model.profile(request.profile)
-        taken = _place(owner, request, model, profile, holder, rule, looked[0] if number == 0 else None)
+        found = view.layouts(model, profile) if view else looked if number == 0 else None
+        taken = _place(owner, request, model, profile, holder, rule, found, view)
         if taken:
             return taken
     fleet_models = set(_gpus(request, Gpu.Sharing.MIG).values_list("model_name", flat=True).distinct())
@@ -147,6 +166,7 @@ def _place(
     holder: str,
     rule: Rule,
     found: Rows | None = None,
+    view: fleetview.FleetView | None = None,
 ) -> Slice | None:
     """A free instance of a static layout if there is one, else a new instance where the rule says.
 
@@ -154,21 +174,38 @@ def _place(
     distinct layouts, and any GPU of the chosen layout is as good as another.
     """
     for _attempt in range(20):
+        from_view = view is not None and found is not None
         found = found if found is not None else one(*_groups(request, model, profile))
         if any(policy == Gpu.Policy.STATIC for policy, _, _ in found):
             taken = _take_layout_instance(owner, _gpus(request, Gpu.Sharing.MIG), profile, holder)
             if taken:
                 return taken
-        candidates = [(key, Layout.from_key(key)) for policy, key, _ in found if policy == Gpu.Policy.DYNAMIC]
-        choice = rule(model, candidates, profile)
+        choice = _choose(rule, model, profile, found, view if from_view else None)
+        if choice is None and from_view:
+            found = None  # a refusal is confirmed by the database itself, never by the view alone
+            continue
         if choice is None:
             return None
         key, start = choice
         taken = _claim(owner, request, model, profile, Layout.from_key(key), start, holder)
         if taken:
             return taken
-        found = None
+        found = None  # parallel requests took every GPU with that layout, or the view was out of date
+        if view:
+            view.forget()
     return None  # every GPU we chose was taken by parallel requests; the caller reports no capacity
+
+
+def _choose(
+    rule: Rule, model: GpuModel, profile: Profile, found: Rows, view: fleetview.FleetView | None
+) -> tuple[Any, int] | None:
+    """Where the rule places ``profile`` among the dynamic layouts found; the view keeps the answer."""
+
+    def decide() -> tuple[Any, int] | None:
+        candidates = [(key, Layout.from_key(key)) for policy, key, _ in found if policy == Gpu.Policy.DYNAMIC]
+        return rule(model, candidates, profile)
+
+    return view.memo(("choice", rule, model.name, profile.name), decide) if view else decide()
 
 
 def _groups(request: SliceRequest, model: GpuModel, profile: Profile) -> Statement:
@@ -242,6 +279,7 @@ def _claim(
             f" ((SELECT id FROM {INSTANCE} WHERE device_uuid = %s), {', '.join(['%s'] * len(values))}) RETURNING id",
             [made.device_uuid, *_db_values(values)],
         ),
+        commit=True,
     )
     values.update(id=inserted[0][0], instance_id=instance[0][0])
     names = [field.attname for field in Slice._meta.concrete_fields]
@@ -302,7 +340,7 @@ def _allocate_gpu(owner: User, request: SliceRequest, holder: str) -> Slice:
 def release(slice_id: int, by: User | None = None, reason: str = "released") -> None:
     """Give a slice back. ``by`` is checked: only the owner or staff may release it."""
     mine = by is not None and not by.is_staff
-    with transaction.atomic():
+    with sql.transaction():
         # One round trip: mark the slice released (its row lock makes a second release wait, then
         # find nothing), then lock its GPU and read what the bookkeeping needs.
         released, found = batch(
@@ -340,6 +378,7 @@ def release(slice_id: int, by: User | None = None, reason: str = "released") -> 
                 " active_slices = active_slices - 1 WHERE id = %s",
                 [*_layout_values(layout), gpu_id],
             ),
+            commit=True,
         )
 
 

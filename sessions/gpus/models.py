@@ -74,6 +74,9 @@ class Gpu(models.Model):
     profile_counts = models.JSONField(default=dict)
     layout_key = models.CharField(max_length=200, default="0:0:", help_text="The three fields above as one text.")
     active_slices = models.PositiveIntegerField(default=0)
+    # On PostgreSQL a trigger stamps every insert and update with the writing transaction's id,
+    # so the allocator's in-memory view of the fleet can re-read only what changed (fleetview.py).
+    changed_xid = models.BigIntegerField(default=0, editable=False)
 
     class Meta:
         ordering = ["host__name", "index"]
@@ -83,7 +86,8 @@ class Gpu(models.Model):
             models.Index(
                 fields=["model_name", "sharing", "state", "mig_policy", "compute_used", "layout_key", "id"],
                 name="gpu_placement_idx",
-            )
+            ),
+            models.Index(fields=["changed_xid"], name="gpu_changed_xid_idx"),
         ]
 
     def __str__(self) -> str:

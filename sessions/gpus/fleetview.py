@@ -1,0 +1,121 @@
+"""The allocator's in-memory view of the fleet's MIG layouts, kept current by re-reading what changed.
+
+Choosing a placement needs the distinct layouts among a model's GPUs. Asking
+PostgreSQL to group a thousand GPUs on every request costs more than the rest
+of the decision, so each thread keeps the answer and, with each request,
+re-reads only the GPU rows written since it last looked:
+
+- a trigger stamps every inserted or updated GPU row with the writing
+  transaction's id (``changed_xid``, migration 0003);
+- each look also notes the oldest transaction still running at that moment
+  (``pg_snapshot_xmin``). Every transaction older than that had finished, so
+  its writes were in what was read; anything it missed carries a stamp at
+  least that large and is read again next time.
+
+The view only proposes: the claim re-checks the chosen GPU's layout under its
+row lock, so a view that is out of date (a GPU deleted, say) can cost a retry,
+never a wrong placement. A failed claim makes the next look a full one.
+Used on PostgreSQL outside any enclosing transaction (``sql.manual()``);
+elsewhere the allocator groups in SQL as before.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Hashable
+from typing import Any, TypeVar, cast
+
+from django.db import connection
+
+from sessions.gpus.catalog import GpuModel, Profile
+from sessions.gpus.models import Gpu
+from sessions.gpus.placement import Layout
+from sessions.gpus.sql import Rows, Statement
+
+T = TypeVar("T")
+GPU = Gpu._meta.db_table
+# One statement, so the oldest running transaction and the rows come from the same snapshot. The
+# outer join yields one row (with NULL GPU columns) when nothing changed.
+LOOK = (
+    "SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint, g.id, g.model_name, g.sharing, g.state,"
+    f" g.mig_policy, g.layout_key FROM (SELECT 1) AS one LEFT JOIN {GPU} g ON g.changed_xid >= %s"
+)
+
+
+class FleetView:
+    def __init__(self) -> None:
+        self.since: int | None = None  # None: the next look reads every GPU
+        self.gpus: dict[int, tuple[str, str, str]] = {}  # id -> (model, policy, layout key)
+        self.groups: dict[str, dict[tuple[str, str], set[int]]] = {}  # model -> (policy, key) -> ids
+        self.generation = 0  # moves on whenever a GPU's layout, policy or model changes
+        self._memo: dict[Hashable, tuple[int, Any]] = {}
+
+    def statement(self) -> Statement:
+        """What to send with the request's first round trip: the oldest running transaction and what changed."""
+        return (LOOK, [self.since or 0])
+
+    def apply(self, rows: Rows) -> None:
+        if self.since is None:
+            self.gpus.clear()
+            self.groups.clear()
+            self.generation += 1
+        for _, gpu_id, model, sharing, state, policy, key in rows:
+            if gpu_id is None:
+                continue
+            placeable = sharing == Gpu.Sharing.MIG and state == Gpu.State.OK
+            if self.gpus.get(gpu_id) == ((model, policy, key) if placeable else None):
+                continue  # read again, but as we knew it (often our own change, since undone)
+            self.generation += 1
+            self._drop(gpu_id)
+            if placeable:
+                self.gpus[gpu_id] = (model, policy, key)
+                self.groups.setdefault(model, {}).setdefault((policy, key), set()).add(gpu_id)
+        self.since = int(rows[0][0])
+
+    def _drop(self, gpu_id: int) -> None:
+        old = self.gpus.pop(gpu_id, None)
+        if old is None:
+            return
+        model, policy, key = old
+        ids = self.groups[model][(policy, key)]
+        ids.discard(gpu_id)
+        if not ids:
+            del self.groups[model][(policy, key)]
+
+    def forget(self) -> None:
+        self.since = None
+
+    def memo(self, key: Hashable, compute: Callable[[], T]) -> T:
+        """``compute()``, kept until the fleet's layouts change: the same question gets the same answer."""
+        kept = self._memo.get(key)
+        if kept is not None and kept[0] == self.generation:
+            return cast(T, kept[1])
+        value = compute()
+        self._memo[key] = (self.generation, value)
+        return value
+
+    def layouts(self, model: GpuModel, profile: Profile) -> Rows:
+        """The same rows as the allocator's grouping query: (policy, layout key, first GPU id), by that id."""
+        return self.memo(("layouts", model.name, profile.name), lambda: self._layouts(model, profile))
+
+    def _layouts(self, model: GpuModel, profile: Profile) -> Rows:
+        room = model.compute_slices - profile.compute_slices
+        rows = [
+            (policy, key, min(ids))
+            for (policy, key), ids in self.groups.get(model.name, {}).items()
+            if policy == Gpu.Policy.STATIC or Layout.from_key(key).compute_used <= room
+        ]
+        rows.sort(key=lambda row: row[2])
+        return rows
+
+
+_local = threading.local()
+
+
+def current() -> FleetView:
+    """This thread's view of the database it is connected to."""
+    views: dict[str, FleetView] = _local.__dict__.setdefault("views", {})
+    name = str(connection.settings_dict["NAME"])
+    if name not in views:
+        views[name] = FleetView()
+    return views[name]
