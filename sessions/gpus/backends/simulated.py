@@ -24,7 +24,7 @@ from sessions.gpus.backends.base import (
     GpuSample,
 )
 from sessions.gpus.catalog import Profile
-from sessions.gpus.placement import Layout, free_starts, why_not
+from sessions.gpus.placement import Layout, free_starts, layout_of, why_not
 from sessions.gpus.sql import batch, one
 
 NAMESPACE = uuid.UUID("5d0f3c1e-8d1a-4c52-9f0e-6a7b9c2d4e10")
@@ -227,10 +227,9 @@ class SimulatedBackend:
                 [gpu_uuid, profile.name, start, profile.placement_size, device_uuid, gpu_uuid, gpu_uuid, end, start],
             ),
         )
-        layout = Layout()
-        for name, placed in before:
-            layout = layout.with_instance(spec.model.profile(name), placed)
-        problem = why_not(spec.model, layout, profile, start) or ("" if made else "no free GPU-instance id")
+        problem = why_not(spec.model, layout_of(spec.model, before), profile, start) or (
+            "" if made else "no free GPU-instance id"
+        )
         if problem:
             if made:
                 self.destroy_instance(gpu_uuid, made[0][0])
