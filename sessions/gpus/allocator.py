@@ -71,7 +71,12 @@ def allocate(owner: User, request: SliceRequest, holder: str = "", rule: Rule = 
             # The first look at the fleet rides along with the limit check: one round trip fewer.
             if sql.manual() and not request.host:
                 view = fleetview.current()
-                view.apply(_check_limit(owner, view.statement())[0])
+                guess = _guess(view, models, request.profile, rule)
+                claim = [_claim_statement(request, *guess)] if guess else []
+                looked, *claimed = _check_limit(owner, view.statement(), *claim)
+                view.apply(looked)
+                if guess and claimed[0]:
+                    return _made(owner, *guess, claimed[0][0], holder)
                 return _allocate_mig(owner, request, holder, rule, models, view)
             first = [_groups(request, models[0], models[0].profile(request.profile))] if models else []
             looked = _check_limit(owner, *first)
@@ -196,6 +201,32 @@ def _place(
     return None  # every GPU we chose was taken by parallel requests; the caller reports no capacity
 
 
+def _guess(
+    view: fleetview.FleetView, models: list[GpuModel], profile_name: str, rule: Rule
+) -> tuple[GpuModel, Profile, Layout, int] | None:
+    """Where the request would go by the view as it stands, before this request's look.
+
+    The claim for it then rides along with the request's first round trip. The
+    view holds every change this process committed; what others committed
+    since the last look it may lack, so a guess can find its layout gone (the
+    claim takes nothing, and the request goes the long way) or, rarely, be a
+    little less good than a fresh look would give. It is never wrong: the
+    claim re-checks the layout under the row lock. Static layouts are left to
+    the long way.
+    """
+    if view.since is None:
+        return None
+    for model in models:
+        profile = model.profile(profile_name)
+        found = view.layouts(model, profile)
+        if any(policy == Gpu.Policy.STATIC for policy, _, _ in found):
+            return None
+        choice = _choose(rule, model, profile, found, view)
+        if choice is not None:
+            return model, profile, Layout.from_key(choice[0]), choice[1]
+    return None
+
+
 def _choose(
     rule: Rule, model: GpuModel, profile: Profile, found: Rows, view: fleetview.FleetView | None
 ) -> tuple[Any, int] | None:
@@ -230,24 +261,40 @@ def _placeable(request: SliceRequest, model: GpuModel) -> tuple[str, list[Any]]:
 def _claim(
     owner: User, request: SliceRequest, model: GpuModel, profile: Profile, layout: Layout, start: int, holder: str
 ) -> Slice | None:
+    """Claim a GPU with this layout (None when parallel requests took them all) and make the slice on it."""
+    claimed = one(*_claim_statement(request, model, profile, layout, start))
+    return _made(owner, model, profile, layout, start, claimed[0], holder) if claimed else None
+
+
+def _claim_statement(request: SliceRequest, model: GpuModel, profile: Profile, layout: Layout, start: int) -> Statement:
     """Lock the first free GPU with this layout and write its new layout, in one statement.
 
     The lock skips GPUs that parallel requests hold and re-checks the layout of the
     row it takes, so two requests never place on the same old picture of a GPU.
-    Returns None when every GPU with that layout was taken meanwhile.
+    Returns no row when every GPU with that layout was taken meanwhile.
     """
     where, params = _placeable(request, model)
     after = layout.with_instance(profile, start)
-    claimed = one(
+    return (
         f"UPDATE {GPU} SET memory_mask = %s, compute_used = %s, profile_counts = %s, layout_key = %s,"
         f" active_slices = active_slices + 1 WHERE id = (SELECT id FROM {GPU} WHERE {where}"
         " AND mig_policy = 'dynamic' AND compute_used = %s AND layout_key = %s ORDER BY id LIMIT 1"
         f"{for_update(skip_locked=True)}) RETURNING id, uuid, (SELECT backend FROM {HOST} WHERE id = host_id)",
         [*_layout_values(after), *params, layout.compute_used, layout.key],
     )
-    if not claimed:
-        return None
-    gpu_id, gpu_uuid, backend = claimed[0]
+
+
+def _made(
+    owner: User,
+    model: GpuModel,
+    profile: Profile,
+    layout: Layout,
+    start: int,
+    claimed: tuple[Any, ...],
+    holder: str,
+) -> Slice:
+    """Have the driver make the instance on the claimed GPU, then record it and the slice (and commit)."""
+    gpu_id, gpu_uuid, backend = claimed
     try:
         made = backend_for_host(backend).create_instance(gpu_uuid, profile, start)
     except BackendError as error:
@@ -281,9 +328,20 @@ def _claim(
         ),
         commit=True,
     )
+    _committed(gpu_id, (model.name, Gpu.Policy.DYNAMIC, layout.with_instance(profile, start).key))
     values.update(id=inserted[0][0], instance_id=instance[0][0])
     names = [field.attname for field in Slice._meta.concrete_fields]
     return Slice.from_db(connection.alias, names, [values[name] for name in names])
+
+
+def _committed(gpu_id: int, entry: tuple[str, str, str] | None) -> None:
+    """Tell this thread's fleet view a GPU's (model, policy, layout key) as we just committed it.
+
+    Only our own transactions have committed by now; inside someone else's
+    atomic block the change may still roll back, and the next look reads it.
+    """
+    if sql.manual():
+        fleetview.current().note(gpu_id, entry)
 
 
 def _layout_values(layout: Layout) -> list[Any]:
@@ -352,8 +410,8 @@ def release(slice_id: int, by: User | None = None, reason: str = "released") -> 
                 + ([by.pk] if mine and by else []),
             ),
             (
-                f"SELECT g.id, g.uuid, g.model_name, g.layout_key, h.backend, i.id, i.profile, i.start, i.gi_id,"
-                f" i.origin FROM {GPU} g JOIN {HOST} h ON h.id = g.host_id LEFT JOIN {INSTANCE} i"
+                f"SELECT g.id, g.uuid, g.model_name, g.layout_key, g.mig_policy, g.state, h.backend, i.id, i.profile,"
+                f" i.start, i.gi_id, i.origin FROM {GPU} g JOIN {HOST} h ON h.id = g.host_id LEFT JOIN {INSTANCE} i"
                 f" ON i.id = (SELECT instance_id FROM {SLICE} WHERE id = %s)"
                 f" WHERE g.id = (SELECT gpu_id FROM {SLICE} WHERE id = %s)" + for_update(of="g"),
                 [slice_id, slice_id],
@@ -361,10 +419,11 @@ def release(slice_id: int, by: User | None = None, reason: str = "released") -> 
         )
         if not released:
             _refuse_release(slice_id, by)
-        gpu_id, gpu_uuid, model_name, key, backend, instance_id, profile, start, gi_id, origin = found[0]
+        gpu_id, gpu_uuid, model_name, key, policy, state, backend, instance_id, profile, start, gi_id, origin = found[0]
         statements = []
         layout = Layout.from_key(key)
-        if instance_id is not None and origin == GpuInstance.Origin.DYNAMIC:
+        dynamic = instance_id is not None and origin == GpuInstance.Origin.DYNAMIC
+        if dynamic:
             backend_for_host(backend).destroy_instance(gpu_uuid, gi_id)
             layout = layout.without_instance(catalog.model(model_name).profile(profile), start)
             statements = [
@@ -380,6 +439,8 @@ def release(slice_id: int, by: User | None = None, reason: str = "released") -> 
             ),
             commit=True,
         )
+        if dynamic:
+            _committed(gpu_id, (model_name, policy, layout.key) if state == Gpu.State.OK else None)
 
 
 def _refuse_release(slice_id: int, by: User | None) -> None:

@@ -42,13 +42,18 @@ LOOK = (
 )
 
 
+MEMO_SIZE = 512  # answers kept, over all questions and states
+
+
 class FleetView:
     def __init__(self) -> None:
         self.since: int | None = None  # None: the next look reads every GPU
         self.gpus: dict[int, tuple[str, str, str]] = {}  # id -> (model, policy, layout key)
         self.groups: dict[str, dict[tuple[str, str], set[int]]] = {}  # model -> (policy, key) -> ids
-        self.generation = 0  # moves on whenever a GPU's layout, policy or model changes
-        self._memo: dict[Hashable, tuple[int, Any]] = {}
+        # A fingerprint of everything above (hashes of (id, model, policy, key), XOR-ed): it comes
+        # back to the same value when a GPU goes back to a layout it had, as on every release.
+        self.state = 0
+        self._memo: dict[tuple[Hashable, int], Any] = {}
 
     def statement(self) -> Statement:
         """What to send with the request's first round trip: the oldest running transaction and what changed."""
@@ -58,24 +63,35 @@ class FleetView:
         if self.since is None:
             self.gpus.clear()
             self.groups.clear()
-            self.generation += 1
+            self.state = 0
         for _, gpu_id, model, sharing, state, policy, key in rows:
-            if gpu_id is None:
-                continue
             placeable = sharing == Gpu.Sharing.MIG and state == Gpu.State.OK
-            if self.gpus.get(gpu_id) == ((model, policy, key) if placeable else None):
-                continue  # read again, but as we knew it (often our own change, since undone)
-            self.generation += 1
-            self._drop(gpu_id)
-            if placeable:
-                self.gpus[gpu_id] = (model, policy, key)
-                self.groups.setdefault(model, {}).setdefault((policy, key), set()).add(gpu_id)
+            if gpu_id is not None:
+                self.note(gpu_id, (model, policy, key) if placeable else None)
         self.since = int(rows[0][0])
+
+    def note(self, gpu_id: int, entry: tuple[str, str, str] | None) -> None:
+        """GPU ``gpu_id`` now has (model, policy, layout key), or is not placeable (None).
+
+        Looks call this for every row they read; the allocator also calls it for
+        its own committed changes, so its next decision need not wait for the
+        next look to see them. Those rows are read again by that look and then
+        found as already known.
+        """
+        if self.gpus.get(gpu_id) == entry:
+            return
+        self._drop(gpu_id)
+        if entry is not None:
+            self.gpus[gpu_id] = entry
+            self.state ^= hash((gpu_id, *entry))
+            model, policy, key = entry
+            self.groups.setdefault(model, {}).setdefault((policy, key), set()).add(gpu_id)
 
     def _drop(self, gpu_id: int) -> None:
         old = self.gpus.pop(gpu_id, None)
         if old is None:
             return
+        self.state ^= hash((gpu_id, *old))
         model, policy, key = old
         ids = self.groups[model][(policy, key)]
         ids.discard(gpu_id)
@@ -86,12 +102,13 @@ class FleetView:
         self.since = None
 
     def memo(self, key: Hashable, compute: Callable[[], T]) -> T:
-        """``compute()``, kept until the fleet's layouts change: the same question gets the same answer."""
-        kept = self._memo.get(key)
-        if kept is not None and kept[0] == self.generation:
-            return cast(T, kept[1])
-        value = compute()
-        self._memo[key] = (self.generation, value)
+        """``compute()``, kept for this state of the fleet: the same question about the same fleet, the same answer."""
+        asked = (key, self.state)
+        if asked in self._memo:
+            return cast(T, self._memo[asked])
+        if len(self._memo) >= MEMO_SIZE:
+            self._memo.clear()
+        value = self._memo[asked] = compute()
         return value
 
     def layouts(self, model: GpuModel, profile: Profile) -> Rows:

@@ -14,8 +14,8 @@ import pytest
 from django.contrib.auth.models import User
 from django.db import connection, connections, transaction
 
-from sessions.gpus import catalog, fleetview, sql
-from sessions.gpus.allocator import AllocationRefused, SliceRequest, _groups, allocate, release
+from sessions.gpus import catalog, fleetview, placement, sql
+from sessions.gpus.allocator import AllocationRefused, SliceRequest, _groups, _guess, allocate, release
 from sessions.gpus.backends import get_backend
 from sessions.gpus.backends.base import BackendError
 from sessions.gpus.models import Gpu, GpuInstance, SimulatedGpuInstance, Slice, SliceQuota
@@ -189,3 +189,80 @@ def test_the_simulated_driver_refuses_what_fits_in_memory_but_not_in_compute(
     assert list(SimulatedGpuInstance.objects.filter(gpu_uuid=gpus[0].uuid).values_list("profile", "start")) == [
         (first.name, start)
     ]
+
+
+def db_layouts(gpus: list[Gpu]) -> dict[int, str]:
+    return dict(Gpu.objects.filter(pk__in=[gpu.pk for gpu in gpus]).values_list("pk", "layout_key"))
+
+
+def test_the_view_holds_our_own_commits_before_any_look(fleet_and_user: tuple[list[Gpu], User]) -> None:
+    gpus, user = fleet_and_user
+    view = fleetview.current()
+    look(view)
+    taken = allocate(user, SliceRequest("mig", "3g.71gb"))
+    # Our commit is in the view at once, without a look.
+    assert view.gpus[taken.gpu_id][2] == db_layouts(gpus)[taken.gpu_id] != Layout().key
+    release(taken.pk)
+    assert view.gpus[taken.gpu_id][2] == db_layouts(gpus)[taken.gpu_id] == Layout().key
+    with transaction.atomic():  # someone else's transaction: nothing is noted, it could still roll back
+        inside = allocate(user, SliceRequest("mig", "2g.35gb"))
+        assert view.gpus[inside.gpu_id][2] == Layout().key != db_layouts(gpus)[inside.gpu_id]
+    look(view)
+    assert_view_matches_the_database(view)
+    assert checker.problems() == []
+
+
+def test_a_guess_whose_layout_is_gone_takes_nothing_and_the_request_goes_the_long_way(
+    fleet_and_user: tuple[list[Gpu], User],
+) -> None:
+    gpus, user = fleet_and_user
+    view = fleetview.current()
+    first = allocate(user, SliceRequest("mig", "3g.71gb"))
+    look(view)
+    # The view would now send a 1g to the fullest GPU, the only one with this layout...
+    guessed = _guess(view, [H200], "1g.18gb", placement.choose)
+    assert guessed is not None and guessed[2].key == db_layouts(gpus)[first.gpu_id]
+    other: list[Slice] = []
+
+    def elsewhere() -> None:  # ...but another thread, with its own view, places there first.
+        try:
+            other.append(allocate(User.objects.create_user("other"), SliceRequest("mig", "1g.18gb")))
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=elsewhere)
+    thread.start()
+    thread.join()
+    assert other[0].gpu_id == first.gpu_id
+    assert view.gpus[first.gpu_id][2] == guessed[2].key  # our view has not looked since
+    fresh = [
+        (key, Layout.from_key(key))
+        for _, key, _ in sql.one(*_groups(SliceRequest("mig"), H200, H200.profile("1g.18gb")))
+    ]
+    expected_key, expected_start = placement.choose(H200, fresh, H200.profile("1g.18gb"))
+    taken = allocate(user, SliceRequest("mig", "1g.18gb"))
+    # The claim for the guess found no GPU with that layout; the slice went where a fresh look says.
+    assert (
+        db_layouts(gpus)[taken.gpu_id]
+        == Layout.from_key(expected_key).with_instance(H200.profile("1g.18gb"), expected_start).key
+    )
+    assert taken.placement_start == expected_start
+    assert checker.problems() == []
+    assert_view_matches_the_database(view)
+
+
+def test_a_refused_request_undoes_the_claim_its_guess_made(fleet_and_user: tuple[list[Gpu], User]) -> None:
+    gpus, user = fleet_and_user
+    SliceQuota.objects.filter(user=user).update(max_slices=1)
+    view = fleetview.current()
+    held = allocate(user, SliceRequest("mig", "1g.18gb"))
+    before = db_layouts(gpus)
+    assert _guess(view, [H200], "1g.18gb", placement.choose) is not None  # a claim rides along...
+    with pytest.raises(AllocationRefused) as refused:
+        allocate(user, SliceRequest("mig", "1g.18gb"))
+    assert refused.value.code == "quota"  # ...and is undone with the refusal
+    assert db_layouts(gpus) == before
+    assert list(Slice.objects.values_list("pk", flat=True)) == [held.pk]
+    assert GpuInstance.objects.count() == SimulatedGpuInstance.objects.count() == 1
+    assert {gpu_id: entry[2] for gpu_id, entry in view.gpus.items()} == before
+    assert checker.problems() == []
