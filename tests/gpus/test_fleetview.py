@@ -239,7 +239,9 @@ def test_a_guess_whose_layout_is_gone_takes_nothing_and_the_request_goes_the_lon
         (key, Layout.from_key(key))
         for _, key, _ in sql.one(*_groups(SliceRequest("mig"), H200, H200.profile("1g.18gb")))
     ]
-    expected_key, expected_start = placement.choose(H200, fresh, H200.profile("1g.18gb"))
+    chosen = placement.choose(H200, fresh, H200.profile("1g.18gb"))
+    assert chosen is not None
+    expected_key, expected_start = chosen
     taken = allocate(user, SliceRequest("mig", "1g.18gb"))
     # The claim for the guess found no GPU with that layout; the slice went where a fresh look says.
     assert (
