@@ -217,15 +217,19 @@ def _guess(
     """
     if view.since is None:
         return None
-    for model in models:
-        profile = model.profile(profile_name)
-        found = view.layouts(model, profile)
-        if any(policy == Gpu.Policy.STATIC for policy, _, _ in found):
-            return None
-        choice = _choose(rule, model, profile, found, view)
-        if choice is not None:
-            return model, profile, Layout.from_key(choice[0]), choice[1]
-    return None
+
+    def guess() -> tuple[GpuModel, Profile, Layout, int] | None:
+        for model in models:
+            profile = model.profile(profile_name)
+            found = view.layouts(model, profile)
+            if any(policy == Gpu.Policy.STATIC for policy, _, _ in found):
+                return None
+            choice = _choose(rule, model, profile, found, view)
+            if choice is not None:
+                return model, profile, Layout.from_key(choice[0]), choice[1]
+        return None
+
+    return view.memo(("guess", rule, *(model.name for model in models), profile_name), guess)
 
 
 def _choose(
