@@ -51,11 +51,6 @@ def _database() -> dict[str, object]:
         config["OPTIONS"] = {"timeout": 20, "transaction_mode": "IMMEDIATE"}
         # A file, not memory, so test helper processes (worker, daphne) share it.
         config["TEST"] = {"NAME": str(DATA_DIR / "test.sqlite3")}
-    elif env.flag("PORTAL_DB_PREPARED", True):
-        # The allocator's statements (sessions/gpus/sql.py) are prepared on first use, which saves
-        # their planning on every later call. The ORM's queries bind on the client and are never
-        # prepared. Turn off behind a pooler in transaction mode that cannot keep prepared statements.
-        config["OPTIONS"] = {"prepare_threshold": 0}
     return config
 
 
@@ -74,6 +69,10 @@ def _time_zone() -> str:
 
 
 SECRET_KEY = _secret_key()
+# The allocator's statements (sessions/gpus/sql.py) are prepared on first use on each PostgreSQL
+# connection, which saves their planning on every later call; the ORM's queries are never
+# prepared. Turn off behind a pooler in transaction mode that cannot keep prepared statements.
+GPU_SQL_PREPARED = env.flag("PORTAL_DB_PREPARED", True)
 DEBUG = env.flag("PORTAL_DEBUG", False)
 ALLOWED_HOSTS = env.items("PORTAL_ALLOWED_HOSTS", ["127.0.0.1", "localhost"])
 CSRF_TRUSTED_ORIGINS = env.items("PORTAL_CSRF_TRUSTED_ORIGINS", [])
