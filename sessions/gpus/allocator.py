@@ -9,8 +9,11 @@ Fast: on PostgreSQL each call is its own transaction (``sql.transaction``)
 whose BEGIN and COMMIT travel with its first and last statements, statements
 that do not depend on each other share a round trip, and the layouts to
 choose from come from an in-memory view that re-reads only the GPU rows
-changed since it last looked (``fleetview``). An allocate+release pair costs
-seven round trips.
+changed since it last looked (``fleetview``). The view also proposes where a
+request goes before it looks, so the claim travels with the limit check.
+An allocate+release pair costs six round trips: allocate = limit check, look
+and claim; the driver's create; the rows and COMMIT. Release = mark released
+and lock the GPU; the driver's destroy; the GPU's layout and COMMIT.
 """
 
 from __future__ import annotations
