@@ -169,7 +169,10 @@ def decision_time(args: argparse.Namespace) -> dict[str, object]:
         output = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, check=False)
     if output.returncode:
         raise RuntimeError(f"the decision-time child failed:\n{output.stderr[-3000:]}")
-    return dict(json.loads(output.stdout.strip().splitlines()[-1]))
+    figures = dict(json.loads(output.stdout.strip().splitlines()[-1]))
+    if figures["fleet"]["database"] != "postgresql":
+        print("decision time measured on SQLite: set DATABASE_URL to PostgreSQL for the goal's figure", file=sys.stderr)
+    return figures
 
 
 def run(args: argparse.Namespace) -> Result:
