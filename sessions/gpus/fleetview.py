@@ -99,7 +99,9 @@ class FleetView:
             del self.groups[model][(policy, key)]
 
     def forget(self) -> None:
+        """Read every GPU again on the next look, and answer every question afresh."""
         self.since = None
+        self._memo.clear()
 
     def memo(self, key: Hashable, compute: Callable[[], T]) -> T:
         """``compute()``, kept for this state of the fleet: the same question about the same fleet, the same answer."""

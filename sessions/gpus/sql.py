@@ -182,12 +182,12 @@ class Wire:
         self.prepared: set[bytes] = set()
 
     def run(self, statements: list[Statement]) -> list[Rows]:
+        dumped = [(sql, *self._dump(params)) for sql, params in statements]  # a value we cannot send: nothing sent
         pgconn = self.pgconn
         preparing: list[bytes | None] = []  # per result before the Sync: the name being prepared, or None
         try:
             pgconn.enter_pipeline_mode()
-            for sql, params in statements:
-                values, types = self._dump(params)
+            for sql, values, types in dumped:
                 if self.prepare:
                     name = _name(sql, tuple(types))
                     if name not in self.prepared:

@@ -107,3 +107,13 @@ def test_with_prepared_statements_off_nothing_is_prepared(fresh_wire: None, sett
     assert sql.batch(("SELECT %s::int + 1", [1]), ("SELECT %s::text", ["x"])) == [[(2,)], [("x",)]]
     assert wire().prepared == set()
     assert sql.one("SELECT count(*) FROM pg_prepared_statements", []) == [(0,)]
+
+
+def test_a_value_that_cannot_be_sent_sends_nothing_and_keeps_the_connection(fresh_wire: None) -> None:
+    User.objects.create_user("kept")
+    raw = connection.connection
+    with pytest.raises(ProgrammingError, match="cannot adapt"):
+        sql.batch((f"UPDATE {USER} SET first_name = 'sent' WHERE id > %s", [0]), ("SELECT %s", [object()]))
+    assert connection.connection is raw and not raw.closed
+    assert User.objects.get(username="kept").first_name == ""
+    assert sql.one("SELECT 2", []) == [(2,)]
