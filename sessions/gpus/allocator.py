@@ -432,7 +432,7 @@ def release(slice_id: int, by: User | None = None, reason: str = "released") -> 
         layout = Layout.from_key(key)
         dynamic = instance_id is not None and origin == GpuInstance.Origin.DYNAMIC
         if dynamic:
-            backend_for_host(backend).destroy_instance(gpu_uuid, gi_id)
+            _destroy(backend, gpu_uuid, gi_id, slice_id)
             layout = layout.without_instance(catalog.model(model_name).profile(profile), start)
             statements = [
                 (f"UPDATE {SLICE} SET instance_id = NULL WHERE instance_id = %s", [instance_id]),
@@ -449,6 +449,16 @@ def release(slice_id: int, by: User | None = None, reason: str = "released") -> 
         )
         if dynamic:
             _committed(gpu_id, (model_name, policy, layout.key) if state == Gpu.State.OK else None)
+
+
+def _destroy(backend: str, gpu_uuid: str, gi_id: int, slice_id: int) -> None:
+    """Have the driver destroy a released slice's instance; one it no longer has is already what we want."""
+    try:
+        backend_for_host(backend).destroy_instance(gpu_uuid, gi_id)
+    except BackendError as error:
+        if error.code != "not_found":
+            raise
+        log.warning("slice %s: GPU instance %s on %s was already gone (%s)", slice_id, gi_id, gpu_uuid, error)
 
 
 def _refuse_release(slice_id: int, by: User | None) -> None:

@@ -131,6 +131,18 @@ def test_a_second_release_is_refused_and_changes_nothing(h200s: list[Gpu], alice
     assert Gpu.objects.get(pk=taken.gpu_id).layout() == layout
 
 
+def test_a_slice_whose_instance_the_driver_lost_is_still_released(h200s: list[Gpu], alice: User) -> None:
+    """A GPU reset or a hand on the host can take an instance away; the slice must not stay held for ever."""
+    taken = allocate(alice, mig("3g.71gb"))
+    SimulatedGpuInstance.objects.filter(device_uuid=taken.device_uuid).delete()
+    release(taken.pk, by=alice)
+    taken.refresh_from_db()
+    assert not taken.active
+    assert Gpu.objects.get(pk=taken.gpu_id).layout().compute_used == 0
+    assert not GpuInstance.objects.filter(device_uuid=taken.device_uuid).exists()
+    assert checker.problems() == []
+
+
 def test_a_static_layout_hands_out_its_existing_instances(h200s: list[Gpu], many_slices: User) -> None:
     gpu = h200s[0]
     fleet.set_policy(gpu.pk, Gpu.Policy.STATIC)

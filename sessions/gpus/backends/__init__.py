@@ -38,6 +38,6 @@ def backend_for_host(backend_name: str) -> GpuBackend:
     backend = get_backend()
     if backend.name != backend_name:
         raise BackendError(
-            f"this process runs the {backend.name} backend and cannot manage a {backend_name} host", code="not_found"
+            f"this process runs the {backend.name} backend and cannot manage a {backend_name} host", code="wrong_host"
         )
     return backend
