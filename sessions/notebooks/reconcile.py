@@ -13,7 +13,8 @@ from datetime import timedelta
 
 from django.utils import timezone
 
-from sessions.gpus.allocator import release
+from sessions.gpus.allocator import ReleaseRefused, release
+from sessions.gpus.backends import BackendError
 from sessions.gpus.models import Slice
 from sessions.notebooks.models import NotebookSession
 from sessions.notebooks.services import end_session
@@ -28,7 +29,11 @@ def reconcile(runtime: DockerRuntime | None = None) -> dict[str, int]:
     runtime = runtime or DockerRuntime()
     counts = {"ended": 0, "failed": 0, "containers_removed": 0, "slices_released": 0}
     for session in NotebookSession.objects.filter(state__in=[State.STARTING, State.RUNNING, State.STOPPING]):
-        outcome = _check(session, runtime)
+        try:
+            outcome = _check(session, runtime)
+        except BackendError as error:  # its slice could not be freed: try again next time, go on with the rest
+            log.error("session %s: could not end it: %s", session.pk, error)
+            outcome = "errors"
         counts[outcome] = counts.get(outcome, 0) + 1
     for container_id, session_id in runtime.session_containers().items():
         if not NotebookSession.objects.filter(pk=session_id, state__in=NotebookSession.ACTIVE).exists():
@@ -58,6 +63,10 @@ def _release_orphan_slices() -> int:
     for taken in Slice.objects.filter(released_at__isnull=True, holder__startswith="notebook:"):
         session_id = int(taken.holder.split(":", 1)[1])
         if not NotebookSession.objects.filter(pk=session_id, state__in=NotebookSession.ACTIVE).exists():
-            release(taken.pk, reason="its session had ended")
+            try:
+                release(taken.pk, reason="its session had ended")
+            except (BackendError, ReleaseRefused) as error:  # one slice that cannot be freed must not stop the rest
+                log.error("slice %s: could not release it: %s", taken.pk, error)
+                continue
             released += 1
     return released

@@ -1,0 +1,43 @@
+"""Reconciliation keeps going when one thing in it cannot be repaired (the Docker parts are in test_launch)."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+from django.contrib.auth.models import User
+
+from sessions.gpus.allocator import SliceRequest, allocate
+from sessions.gpus.models import GpuHost, Slice
+from sessions.notebooks.reconcile import _release_orphan_slices
+from tests.gpus.conftest import use_fleet
+
+pytestmark = pytest.mark.django_db
+
+
+class Kept(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.ERROR)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+
+def test_an_orphan_slice_that_cannot_be_freed_does_not_stop_the_others(settings, alice: User) -> None:  # type: ignore[no-untyped-def]
+    use_fleet(settings, "here: 1xH200:mig; there: 1xH200:mig")
+    settings.MAX_SLICES_PER_USER = 10
+    # Two slices whose sessions no longer exist; the second is on a host another process manages.
+    here = allocate(alice, SliceRequest("mig", "1g.18gb", host="here"), holder="notebook:999001")
+    there = allocate(alice, SliceRequest("mig", "1g.18gb", host="there"), holder="notebook:999002")
+    GpuHost.objects.filter(name="there").update(backend=GpuHost.Backend.NVML)
+    kept, logger = Kept(), logging.getLogger("sessions.notebooks.reconcile")
+    logger.addHandler(kept)
+    try:
+        assert _release_orphan_slices() == 1
+    finally:
+        logger.removeHandler(kept)
+    assert not Slice.objects.get(pk=here.pk).active
+    assert Slice.objects.get(pk=there.pk).active  # left for a process on its own host, and for the next run
+    assert [line for line in kept.lines if line.startswith(f"slice {there.pk}: could not release it")]
+    assert "cannot manage a nvml host" in " ".join(kept.lines)
