@@ -160,8 +160,25 @@ def _pipelined(statements: list[Statement]) -> list[Rows]:
     wire = getattr(raw, "gpu_wire", None)
     if wire is None:
         wire = raw.gpu_wire = Wire(raw, prepare=settings.GPU_SQL_PREPARED)
+    # Django's outermost atomic block turns psycopg's autocommit off and leaves the BEGIN to
+    # psycopg's next query; when that query is ours, the BEGIN has to come from us.
+    begin = not raw.autocommit and raw.pgconn.transaction_status == pq.TransactionStatus.IDLE
     with db.wrap_database_errors, raw.lock:
+        if begin:
+            return wire.run([(_begin(raw), []), *statements])[1:]
         return wire.run(statements)
+
+
+def _begin(raw: psycopg.Connection[Any]) -> str:
+    """The BEGIN psycopg would send on this connection: its isolation level, read-only and deferrable settings."""
+    command = "BEGIN"
+    if raw.isolation_level is not None:
+        command += f" ISOLATION LEVEL {raw.isolation_level.name.replace('_', ' ')}"
+    if raw.read_only is not None:
+        command += " READ ONLY" if raw.read_only else " READ WRITE"
+    if raw.deferrable is not None:
+        command += " DEFERRABLE" if raw.deferrable else " NOT DEFERRABLE"
+    return command
 
 
 class Wire:

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 from django.contrib.auth.models import User
-from django.db import DatabaseError, IntegrityError, ProgrammingError, connection
+from django.db import DatabaseError, IntegrityError, ProgrammingError, connection, transaction
 
 from sessions.gpus import sql
 
@@ -117,3 +117,19 @@ def test_a_value_that_cannot_be_sent_sends_nothing_and_keeps_the_connection(fres
     assert connection.connection is raw and not raw.closed
     assert User.objects.get(username="kept").first_name == ""
     assert sql.one("SELECT 2", []) == [(2,)]
+
+
+def test_a_batch_that_opens_a_django_atomic_block_belongs_to_it(fresh_wire: None) -> None:
+    """Django's outermost atomic block starts no transaction until its first query: ours must start it."""
+    with pytest.raises(RuntimeError, match="on purpose"), transaction.atomic():
+        sql.batch(
+            (
+                f"INSERT INTO {USER} (username, password, is_superuser, is_staff, is_active, first_name, last_name,"
+                " email, date_joined) VALUES (%s, '', false, false, true, '', '', '', now())",
+                ["rolled-back"],
+            )
+        )
+        assert User.objects.filter(username="rolled-back").exists()
+        raise RuntimeError("on purpose")
+    assert not User.objects.filter(username="rolled-back").exists()
+    assert connection.get_autocommit() and sql.one("SELECT 3", []) == [(3,)]
