@@ -322,12 +322,21 @@ def _made(
         "released_at": None,
         "release_reason": "",
     }
-    columns = ", ".join(name for name in values if name != "instance_id")
+    columns = ", ".join(values)
     instance, inserted = batch(
         (
             f"INSERT INTO {INSTANCE} (gpu_id, profile, start, size, gi_id, ci_id, device_uuid, origin)"
             " VALUES (%s, %s, %s, %s, %s, %s, %s, %s) RETURNING id",
-            [gpu_id, made.profile, made.start, made.size, made.gi_id, made.ci_id, made.device_uuid, "dynamic"],
+            [
+                gpu_id,
+                made.profile,
+                made.start,
+                made.size,
+                made.gi_id,
+                made.ci_id,
+                made.device_uuid,
+                GpuInstance.Origin.DYNAMIC,
+            ],
         ),
         (
             f"INSERT INTO {SLICE} (instance_id, {columns}) VALUES"
