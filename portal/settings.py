@@ -61,6 +61,22 @@ def _redis_url() -> str:
     return url
 
 
+def _channel_layer_host(url: str) -> dict[str, object]:
+    """A channels-redis host entry with redis-py connection settings.
+
+    The core layer waits for messages in a blocking BZPOPMIN of 5 s; redis-py 8 gives up on any read after
+    its socket timeout, also 5 s by default, and the consumer then closes with 1011. Reads must outlast
+    the blocking pop. A connection idle for a while is checked with a PING before it is used again.
+    """
+    return {
+        "address": url,
+        "socket_timeout": 15,
+        "socket_connect_timeout": 5,
+        "socket_keepalive": True,
+        "health_check_interval": 30,
+    }
+
+
 def _time_zone() -> str:
     name = env.text("PORTAL_TIME_ZONE", "UTC")
     if name not in zoneinfo.available_timezones():
@@ -161,7 +177,7 @@ CHANNEL_LAYERS = {
     "default": {
         "BACKEND": "channels_redis.core.RedisChannelLayer",
         "CONFIG": {
-            "hosts": [REDIS_URL],
+            "hosts": [_channel_layer_host(REDIS_URL)],
             "prefix": env.text("PORTAL_CHANNEL_PREFIX", "portal"),
             "capacity": 500,
         },
@@ -170,7 +186,10 @@ CHANNEL_LAYERS = {
     # It has no capacity limit, so the consumers drop stale frames themselves.
     "metrics": {
         "BACKEND": "channels_redis.pubsub.RedisPubSubChannelLayer",
-        "CONFIG": {"hosts": [REDIS_URL], "prefix": env.text("PORTAL_CHANNEL_PREFIX", "portal") + "-metrics"},
+        "CONFIG": {
+            "hosts": [_channel_layer_host(REDIS_URL)],
+            "prefix": env.text("PORTAL_CHANNEL_PREFIX", "portal") + "-metrics",
+        },
     },
 }
 
