@@ -20,6 +20,8 @@ from portal.datafiles import secret_file
 from portal.env import Env
 from portal.sso.keys import signing_key
 
+from sessions.runtime import network
+from sessions.runtime.network import UserNetwork
 django_stubs_ext.monkeypatch()
 env = Env()
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -286,11 +288,26 @@ GPU_BACKEND = env.choice("PORTAL_GPU_BACKEND", "auto", {name: name for name in (
 GPU_HOST_NAME = env.text("PORTAL_GPU_HOST_NAME", socket.gethostname())
 SIMULATED_FLEET = env.text("PORTAL_SIMULATED_FLEET", "sim-1: 2xH200:mig, 1xA100-80GB:whole, 1xA30:shared=4")
 MAX_SLICES_PER_USER = env.integer("PORTAL_MAX_SLICES_PER_USER", 4, minimum=0)
-# GPU containers: host resources per slice, process limit, network.
+# GPU containers: host resources per slice, process limit.
 CPUS_PER_COMPUTE_SLICE = env.integer("PORTAL_CPUS_PER_COMPUTE_SLICE", 2, minimum=1)
 HOST_MEMORY_PER_GPU_GIB = env.integer("PORTAL_HOST_MEMORY_PER_GPU_GIB", 1, minimum=1)
 CONTAINER_PIDS_LIMIT = env.integer("PORTAL_CONTAINER_PIDS_LIMIT", 1024, minimum=16)
-CONTAINER_NETWORK = env.text("PORTAL_CONTAINER_NETWORK", "bridge")
+
+
+def _user_network() -> UserNetwork:
+    """The bridge notebook containers run on (sessions/runtime/network.py), or 'host' (unsafe, development)."""
+    try:
+        return network.parse(
+            env.text("PORTAL_NOTEBOOK_NETWORK", network.DEFAULT_NAME),
+            env.text("PORTAL_NOTEBOOK_SUBNET", network.DEFAULT_SUBNET),
+            env.flag("PORTAL_NOTEBOOK_INTERNET", True),
+            env.integer("PORTAL_HUB_PORT", network.DEFAULT_HUB_PORT, minimum=1),
+        )
+    except network.NetworkSpecError as error:
+        raise ImproperlyConfigured(str(error)) from None
+
+
+USER_NETWORK = _user_network()
 
 
 def _check_fleet() -> None:
@@ -322,9 +339,9 @@ OAUTH2_PROVIDER = {
 
 # JupyterHub: where the portal reaches its REST API, and the token it shares with the hub
 # (the portal's service token there, and what the spawner shows the portal's internal API).
-HUB_API_URL = env.text("PORTAL_HUB_API_URL", "http://127.0.0.1:8081/jupyter/hub/api")
+# The hub listens on the user network's gateway (where notebook servers reach it), so the portal calls it there.
+HUB_API_URL = env.text("PORTAL_HUB_API_URL", f"{USER_NETWORK.hub_url}/jupyter/hub/api")
 HUB_SERVICE_TOKEN = env.text("PORTAL_HUB_SERVICE_TOKEN", "") or secret_file(DATA_DIR / "hub_service_token")
-NOTEBOOK_NETWORK = env.text("PORTAL_NOTEBOOK_NETWORK", "bridge")
 MAX_SESSIONS_PER_USER = env.integer("PORTAL_MAX_SESSIONS_PER_USER", 3, minimum=1)
 # Idle culling: minutes without activity before a session stops (per profile or kind, else the default),
 # the warning shown before, and the longest any session may run.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import uuid
@@ -16,6 +17,8 @@ from django.test import Client
 
 from portal.roles import BILLING, OPERATORS, USERS, ensure_roles
 from sessions.notebooks.models import NotebookImage
+from sessions.runtime import network
+from sessions.runtime.network import UserNetwork
 from tests.factories import make_user
 from tests.helpers import processes
 
@@ -23,6 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 ARTIFACTS = ROOT / "artifacts"
 RUN_ID = uuid.uuid4().hex[:8]
 STACK = {name: processes.free_port() for name in ("public", "portal", "hub", "proxy_api")}
+TEST_NETWORK_PREFIX = "gpu-portal-test-"
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -40,12 +44,31 @@ def pytest_configure(config: pytest.Config) -> None:
     settings.PUBLIC_URL = public
     settings.HUB_OAUTH_CALLBACK_URL = f"{public}/jupyter/hub/oauth_callback"
     settings.OAUTH2_PROVIDER["OIDC_ISS_ENDPOINT"] = f"{public}/o"
-    settings.HUB_API_URL = f"http://127.0.0.1:{STACK['hub']}/jupyter/hub/api"
-    settings.NOTEBOOK_NETWORK = "host"
+    # Notebook containers go on a bridge of this run's own, as in production; the hub listens on its gateway.
+    settings.USER_NETWORK = test_network()
+    settings.HUB_API_URL = f"{settings.USER_NETWORK.hub_url}/jupyter/hub/api"
     # The manifest storage needs collected static files, as in production.
     call_command("collectstatic", interactive=False, verbosity=0)
     (ARTIFACTS / "logs").mkdir(parents=True, exist_ok=True)
     (ARTIFACTS / "screenshots").mkdir(parents=True, exist_ok=True)
+
+
+def test_network() -> UserNetwork:
+    """A user-container network for this run: its own name and a 10.88.N.0/24 no Docker network holds."""
+    taken: set[str] = set()
+    # No engine (a run without the docker tests): any subnet will do.
+    with contextlib.suppress(Exception):
+        import docker
+
+        client = docker.from_env(timeout=5)
+        for found in client.networks.list():
+            taken.update(str(pool.get("Subnet")) for pool in (found.attrs.get("IPAM", {}).get("Config") or []))
+    start = int(RUN_ID, 16) % 100
+    for step in range(100):
+        subnet = f"10.88.{100 + (start + step) % 100}.0/24"
+        if subnet not in taken:
+            return network.parse(f"{TEST_NETWORK_PREFIX}{RUN_ID}", subnet, True, STACK["hub"])
+    raise RuntimeError("every 10.88.100-199.0/24 is taken by a Docker network; remove old gpu-portal-test-* ones")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -154,8 +177,23 @@ class HubStack:
 
 
 @pytest.fixture(scope="session")
+def user_network(docker_engine: str) -> Iterator[UserNetwork]:
+    """This run's user-container bridge with its firewall, removed again at the end (with what ran on it)."""
+    from sessions.runtime.docker import DockerRuntime
+    from sessions.runtime.isolation import isolate, remove_stale, tear_down
+
+    runtime = DockerRuntime()
+    remove_stale(TEST_NETWORK_PREFIX, runtime)
+    isolate(settings.USER_NETWORK, runtime)
+    yield settings.USER_NETWORK
+    for container_id in runtime.containers_on(settings.USER_NETWORK.name):
+        runtime.remove(container_id)
+    tear_down(settings.USER_NETWORK, runtime)
+
+
+@pytest.fixture(scope="session")
 def hub_stack(
-    portal_server: str, celery_worker: str, docker_engine: str, tmp_path_factory: pytest.TempPathFactory
+    portal_server: str, celery_worker: str, user_network: UserNetwork, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[HubStack]:
     from portal.datafiles import secret_file
     from portal.sso.clients import hub_secret_path
@@ -168,7 +206,7 @@ def hub_stack(
     yield stack
     stack.stop()
     runtime = DockerRuntime()
-    for container_id in runtime.containers_for("session"):
+    for container_id in runtime.containers_on(user_network.name):
         runtime.remove(container_id)
 
 

@@ -4,6 +4,8 @@
 import os
 from pathlib import Path
 
+from sessions.runtime.network import from_environ
+
 c = get_config()  # type: ignore[name-defined]  # noqa: F821
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -12,16 +14,14 @@ HUB_DATA = Path(os.environ.get("PORTAL_HUB_DATA_DIR", DATA / "hub")).resolve()
 HUB_DATA.mkdir(parents=True, exist_ok=True)
 PUBLIC = os.environ.get("PORTAL_PUBLIC_URL", "http://127.0.0.1:8000").rstrip("/")
 PORTAL = os.environ.get("PORTAL_INTERNAL_URL", "http://127.0.0.1:8002").rstrip("/")  # daphne, behind the proxy
-HUB_PORT = int(os.environ.get("PORTAL_HUB_PORT", "8081"))
+# The notebook servers' network: the hub listens on its gateway, the one address of ours they may reach.
+NETWORK = from_environ(os.environ)
 PROXY_API_PORT = int(os.environ.get("PORTAL_PROXY_API_PORT", "8001"))
 SERVICE_TOKEN = os.environ.get("PORTAL_HUB_SERVICE_TOKEN") or (DATA / "hub_service_token").read_text().strip()
 
 c.JupyterHub.bind_url = f"{PUBLIC}/jupyter/"
-c.JupyterHub.hub_bind_url = os.environ.get("PORTAL_HUB_BIND_URL") or f"http://127.0.0.1:{HUB_PORT}"
-# Servers on a Docker bridge network cannot reach 127.0.0.1 of the host: there the hub must listen on an
-# address they can reach (PORTAL_HUB_BIND_URL, e.g. the docker0 gateway) and tell them so.
-if os.environ.get("PORTAL_HUB_CONNECT_URL"):
-    c.JupyterHub.hub_connect_url = os.environ["PORTAL_HUB_CONNECT_URL"]
+c.JupyterHub.hub_bind_url = NETWORK.hub_url
+c.JupyterHub.hub_connect_url = NETWORK.hub_url
 c.JupyterHub.db_url = f"sqlite:///{HUB_DATA / 'jupyterhub.sqlite'}"
 c.JupyterHub.cookie_secret_file = str(HUB_DATA / "cookie_secret")
 c.JupyterHub.pid_file = str(HUB_DATA / "jupyterhub.pid")

@@ -10,19 +10,22 @@ from __future__ import annotations
 import hmac
 import json
 import logging
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
 from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.utils import timezone
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_GET, require_POST
 
 from sessions.notebooks import services
-from sessions.notebooks.models import NotebookSession
-from sessions.runtime.docker import labels_for, limits_for
+from sessions.notebooks.models import NotebookSession, WorkVolume
+from sessions.runtime.docker import HARDENING, NO_IPV6, engine_time, labels_for, limits_for
 
 log = logging.getLogger(__name__)
 EVENTS = {"progress", "container_started", "ready", "stopped", "failed"}
+CLOCK_SLACK = timedelta(seconds=5)  # the engine and the portal share a host's clock, or nearly
 
 
 def _from_hub(request: HttpRequest) -> bool:
@@ -50,6 +53,7 @@ def spec(session: NotebookSession) -> dict[str, Any]:
     taken = session.slice
     assert taken is not None
     limits = limits_for(taken)
+    network = settings.USER_NETWORK
     return {
         "session": session.pk,
         "image": session.image.image,
@@ -59,8 +63,10 @@ def spec(session: NotebookSession) -> dict[str, Any]:
         "pids": limits.pids,
         "labels": labels_for(taken, {"gpu-portal.session": str(session.pk)}),
         "environment": {"GPU_PORTAL_SESSION": str(session.pk), "GPU_PORTAL_SLICE": taken.describe()},
-        "volume": f"gpu-portal-home-{session.owner_id}",
-        "network": settings.NOTEBOOK_NETWORK,
+        "volume": WorkVolume.for_owner(session.owner_id).name,
+        "network": network.name,
+        # net.* sysctls belong to a container's own network namespace: none on the host's network.
+        "hardening": {**HARDENING, **({"sysctls": NO_IPV6} if network.isolated else {})},
     }
 
 
@@ -76,7 +82,25 @@ def event(request: HttpRequest) -> HttpResponse:
         return _refuse(400, "Send JSON with 'session' (a number) and 'event'.")
     if kind not in EVENTS:
         return _refuse(400, f"Unknown event {kind!r}; one of {', '.join(sorted(EVENTS))}.")
+    try:
+        at = _moment(body.get("at"))
+    except ValueError as error:
+        return _refuse(400, str(error))
     if not NotebookSession.objects.filter(pk=session_id).exists():
         return _refuse(404, "No such session.")
-    session = services.record_event(session_id, kind, str(body.get("container_id", "")), str(body.get("message", "")))
+    container_id, message = str(body.get("container_id", "")), str(body.get("message", ""))
+    session = services.record_event(session_id, kind, container_id, message, at=at)
     return JsonResponse({"session": session.pk, "state": session.state})
+
+
+def _moment(given: object) -> datetime | None:
+    """The engine's time of a container moment (RFC 3339, as Docker writes it); never in the future."""
+    if given in (None, ""):
+        return None
+    try:
+        moment = engine_time(str(given))
+    except ValueError:
+        moment = None
+    if moment is None or moment > timezone.now() + CLOCK_SLACK:
+        raise ValueError(f"'at' must be a past moment in RFC 3339, as Docker reports it (got {str(given)[:40]!r}).")
+    return moment

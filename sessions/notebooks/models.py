@@ -7,6 +7,7 @@ transition that owns it, and never moved afterwards.
 
 from __future__ import annotations
 
+import uuid
 from datetime import datetime
 
 from django.conf import settings
@@ -31,6 +32,30 @@ class NotebookImage(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+
+def new_volume_name() -> str:
+    return f"gpu-portal-work-{uuid.uuid4().hex}"
+
+
+class WorkVolume(models.Model):
+    """The Docker volume that holds one person's work/ folder across sessions.
+
+    Named by a random id made once per person, never by the database id: after a database reset,
+    or beside a second portal on the same engine, a new account must not inherit someone's files.
+    """
+
+    owner = models.OneToOneField(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="work_volume")
+    name = models.CharField(max_length=100, unique=True, default=new_volume_name, editable=False)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    def __str__(self) -> str:
+        return f"{self.owner} / {self.name}"
+
+    @classmethod
+    def for_owner(cls, owner_id: int) -> WorkVolume:
+        volume, _ = cls.objects.get_or_create(owner_id=owner_id)
+        return volume
 
 
 class NotebookSession(models.Model):

@@ -19,6 +19,7 @@ from sessions.gpus.models import Slice
 from sessions.notebooks.models import NotebookSession
 from sessions.notebooks.services import end_session
 from sessions.runtime.docker import DockerRuntime
+from sessions.runtime.isolation import repair
 
 log = logging.getLogger(__name__)
 START_TIMEOUT = timedelta(minutes=5)
@@ -28,6 +29,8 @@ State = NotebookSession.State
 def reconcile(runtime: DockerRuntime | None = None) -> dict[str, int]:
     runtime = runtime or DockerRuntime()
     counts = {"ended": 0, "failed": 0, "containers_removed": 0, "slices_released": 0}
+    # First, since a container must never run unfenced: a Docker restart or an operator may flush rules.
+    counts["firewall_repaired"] = int(repair())
     for session in NotebookSession.objects.filter(state__in=[State.STARTING, State.RUNNING, State.STOPPING]):
         try:
             outcome = _check(session, runtime)

@@ -116,21 +116,27 @@ def launch_spec_for(username: str, server_name: str) -> NotebookSession | None:
     return found.filter(owner__username=username, server_name=server_name, state=State.STARTING).first()
 
 
-def record_event(session_id: int, event: str, container_id: str = "", message: str = "") -> NotebookSession:
-    """What the spawner reports: progress, container started, ready, stopped, failed."""
+def record_event(
+    session_id: int, event: str, container_id: str = "", message: str = "", at: datetime | None = None
+) -> NotebookSession:
+    """What the spawner reports: progress, container started, ready, stopped, failed.
+
+    ``at`` is the engine's own moment for a container that started or ended (its StartedAt and FinishedAt).
+    """
     with transaction.atomic():
         session = NotebookSession.objects.select_for_update().get(pk=session_id)
         if event == "progress" and session.state == State.STARTING:
             session.progress_message = message[:200]
             session.progress = min(95, session.progress + 20)
         elif event == "container_started":
-            session.stamp("container_started_at")
+            session.stamp("container_started_at", at)
             session.container_id = container_id[:80] or session.container_id
         elif event == "ready" and session.state == State.STARTING:
             session.stamp("ready_at")
             session.state, session.progress, session.progress_message = State.RUNNING, 100, "Ready"
         elif event == "stopped":
-            return _end(session, NotebookSession.EndReason.USER if session.state == State.STOPPING else "")
+            reason = NotebookSession.EndReason.USER if session.state == State.STOPPING else ""
+            return _end(session, reason, gone_at=at)
         elif event == "failed":
             session.failure_message = message[:2000]
             return _end(session, NotebookSession.EndReason.FAILURE, failed=True)
@@ -181,6 +187,18 @@ def end_session(
     return ended
 
 
+def _died_at(session: NotebookSession) -> datetime | None:
+    """When the engine saw the container die, for an end reported without the moment (it was removed)."""
+    from sessions.runtime.docker import DockerRuntime, RuntimeError_
+
+    assert session.container_started_at is not None
+    try:
+        return DockerRuntime().died_at(session.pk, since=session.container_started_at)
+    except RuntimeError_ as error:
+        log.warning("session %s: the end moment falls back to now: %s", session.pk, error)
+        return None
+
+
 def _forget_server(session_id: int) -> None:
     from sessions.notebooks.hub import Hub, HubError
 
@@ -196,9 +214,9 @@ def _end(
 ) -> NotebookSession:
     if session.state in NotebookSession.ENDED:
         return session
-    now = timezone.now()
     if session.container_started_at:
-        session.stamp("container_gone_at", max(gone_at or now, session.container_started_at))
+        gone_at = gone_at or _died_at(session) or timezone.now()
+        session.stamp("container_gone_at", max(gone_at, session.container_started_at))
     session.state = State.FAILED if failed else State.STOPPED
     session.ended_reason = session.ended_reason or reason or NotebookSession.EndReason.RECONCILIATION
     session.save()

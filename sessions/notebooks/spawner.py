@@ -48,6 +48,7 @@ class PortalSpawner(DockerSpawner):
     session_id = 0
     _steps: list[tuple[int, str]]
     _starting = False
+    _gone_at = ""
     # DockerSpawner's traits, typed for our use of them (annotations only: the traits stay).
     network_name: str
     environment: dict[str, Any]
@@ -71,6 +72,7 @@ class PortalSpawner(DockerSpawner):
         self.session_id = int(state.get("session_id", 0))
         if "port" in state:
             self.port, self.network_name = int(state["port"]), str(state.get("network", self.network_name))
+            self.use_internal_ip = self.network_name != "host"
 
     def clear_state(self) -> None:
         super().clear_state()
@@ -130,12 +132,17 @@ class PortalSpawner(DockerSpawner):
         host_config: dict[str, Any] = {
             "device_requests": [{"driver": "nvidia", "device_ids": spec["device_ids"], "capabilities": [["gpu"]]}],
             "pids_limit": int(spec["pids"]),
-            "security_opt": ["no-new-privileges:true"],
+            # Removed by stop(), not by the engine on exit: the moment it died must be read first (billing).
+            "auto_remove": False,
+            **spec["hardening"],
         }
         if self.network_name == "host":
             # One port per server on the host's network; Docker must not publish ports there.
             self.ip, self.port = "127.0.0.1", free_port()
             host_config["port_bindings"] = None
+        else:
+            # On the portal's bridge: nothing published on the host, the proxy goes to the container's address.
+            self.use_internal_ip = True
         self.extra_host_config = host_config
 
     async def get_ip_and_port(self) -> tuple[str, int]:
@@ -171,7 +178,8 @@ class PortalSpawner(DockerSpawner):
             self._report_soon("progress", message="Creating the container")
             try:
                 ip, port = await super().start()
-                self._report_soon("container_started", container_id=self.container_id)
+                started = await self._container_moment("StartedAt")
+                self._report_soon("container_started", container_id=self.container_id, at=started)
                 self._step(60, "Container started; waiting for JupyterLab to answer")
                 await self._wait_until_answering(ip, port)
             except Exception as error:
@@ -202,9 +210,23 @@ class PortalSpawner(DockerSpawner):
             await asyncio.sleep(self.ready_poll_interval)
         raise TimeoutError(f"JupyterLab did not answer within {self.start_timeout} s")
 
+    async def _container_moment(self, which: str) -> str:
+        """The engine's own record of when the container started or ended (what billing charges by)."""
+        try:
+            found = await self.docker("inspect_container", self.container_id)
+        except Exception as error:  # gone already: the portal reads the engine's event log instead
+            self.log.info("could not read %s of %s: %s", which, self.container_id[:12], error)
+            return ""
+        return str(found.get("State", {}).get(which, ""))
+
+    async def stop_object(self) -> None:
+        await super().stop_object()
+        self._gone_at = await self._container_moment("FinishedAt") if self.container_id else ""
+
     async def stop(self, now: bool = False) -> None:
         session_id = self.session_id  # DockerSpawner clears state when it removes the container
+        self._gone_at = ""
         await super().stop(now=now)
         if session_id:
             self.session_id = session_id
-            self._report_soon("stopped")
+            self._report_soon("stopped", at=self._gone_at)

@@ -7,19 +7,28 @@ GPU container gets, and runs, inspects and removes such containers.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 import docker
 from django.conf import settings
 from docker.errors import DockerException, NotFound
-from docker.types import DeviceRequest
+from docker.types import DeviceRequest, IPAMConfig, IPAMPool
 
 from sessions.gpus.models import Slice
+from sessions.runtime.network import UserNetwork
 
 LABEL_PREFIX = "gpu-portal"
 GIB = 1024**3
+# What every user container runs with: no privilege gain, no capabilities (its user is not root anyway),
+# and no IPv6, which the bridge's firewall does not route.
+HARDENING: dict[str, Any] = {
+    "security_opt": ["no-new-privileges:true"],
+    "cap_drop": ["ALL"],
+}
+NO_IPV6 = {"net.ipv6.conf.all.disable_ipv6": "1", "net.ipv6.conf.default.disable_ipv6": "1"}
 
 
 class RuntimeError_(RuntimeError):
@@ -32,13 +41,19 @@ class ContainerState:
     finished_at: datetime | None
 
 
-def _docker_time(text: str) -> datetime | None:
-    """Docker's RFC 3339 times carry nanoseconds; 0001-01-01 means 'never'."""
+RFC3339 = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.(\d+))?(Z|[+-]\d\d:\d\d)$")
+
+
+def engine_time(text: str) -> datetime | None:
+    """Docker's RFC 3339 times, which carry nanoseconds; 0001-01-01 means 'never'. ValueError if malformed."""
     if not text or text.startswith("0001-"):
         return None
-    head, _, rest = text.partition(".")
-    fraction = "".join(ch for ch in rest if ch.isdigit())[:6]
-    return datetime.fromisoformat(f"{head}.{fraction or '0'}+00:00")
+    found = RFC3339.match(text)
+    if found is None:
+        raise ValueError(f"not an RFC 3339 time: {text[:40]!r}")
+    head, fraction, zone = found.groups()
+    offset = "+00:00" if zone == "Z" else zone
+    return datetime.fromisoformat(f"{head}.{(fraction or '0')[:6]:0<6}{offset}")
 
 
 @dataclass(frozen=True)
@@ -82,8 +97,9 @@ def container_options(taken: Slice, image: str, host_cpus: int | None = None, **
         "nano_cpus": int(limits.cpus * 1e9),
         "mem_limit": limits.memory_bytes,
         "pids_limit": limits.pids,
-        "security_opt": ["no-new-privileges:true"],
-        "network_mode": settings.CONTAINER_NETWORK,
+        **HARDENING,
+        # Render jobs and other batch work get no network at all: an uploaded scene is hostile.
+        "network_mode": "none",
         "detach": True,
     }
     options.update(overrides)
@@ -133,6 +149,23 @@ class DockerRuntime:
         found = self.client.containers.list(all=True, filters={"label": wanted})
         return [str(container.id) for container in found]
 
+    def containers_on(self, network_name: str) -> list[str]:
+        """Ids of every container attached to a network, running or not."""
+        found = self.client.containers.list(all=True, filters={"network": network_name})
+        return [str(container.id) for container in found]
+
+    def networks_named(self, prefix: str) -> list[tuple[str, str, datetime | None]]:
+        """Our user-container networks whose name starts with ``prefix``: (name, subnet, created)."""
+        found = self.client.networks.list(filters={"label": f"{LABEL_PREFIX}.network"})
+        result = []
+        for item in found:
+            if item.name.startswith(prefix):
+                pools = item.attrs.get("IPAM", {}).get("Config") or [{}]
+                result.append(
+                    (str(item.name), str(pools[0].get("Subnet", "")), engine_time(item.attrs.get("Created", "")))
+                )
+        return result
+
     def session_containers(self) -> dict[str, int]:
         """Every container of a notebook session, by id, with its session's number."""
         found = self.client.containers.list(all=True, filters={"label": f"{LABEL_PREFIX}.session"})
@@ -144,7 +177,73 @@ class DockerRuntime:
         if not found:
             return None
         state = found[0].attrs["State"]
-        return ContainerState(bool(state.get("Running")), _docker_time(str(state.get("FinishedAt", ""))))
+        return ContainerState(bool(state.get("Running")), engine_time(str(state.get("FinishedAt", ""))))
+
+    def died_at(self, session_id: int, since: datetime) -> datetime | None:
+        """When the engine saw a session's container die, from its event log: right even after the
+        container was removed (by hand, or by an engine that auto-removes)."""
+        try:
+            # As decimal strings: the SDK would cut datetimes to whole seconds and miss the last one.
+            events = self.client.events(
+                since=f"{since.timestamp():.6f}",
+                until=f"{datetime.now(UTC).timestamp():.6f}",
+                decode=True,
+                filters={"type": "container", "event": "die", "label": f"{LABEL_PREFIX}.session={session_id}"},
+            )
+            moments = [datetime.fromtimestamp(int(event["timeNano"]) / 1e9, UTC) for event in events]
+        except DockerException as error:
+            raise RuntimeError_(f"reading the engine's events for session {session_id} failed: {error}") from None
+        return min(moments) if moments else None
+
+    def ensure_network(self, network: UserNetwork) -> str:
+        """Create the user-container bridge if it is missing; refuse one that exists with other settings.
+
+        Inter-container traffic is off: two people's notebooks never talk to each other.
+        """
+        options = {
+            "com.docker.network.bridge.name": network.bridge,
+            "com.docker.network.bridge.enable_icc": "false",
+        }
+        try:
+            found = self.client.networks.list(names=[network.name])
+            existing = next((n for n in found if n.name == network.name), None)
+            if existing is None:
+                pool = IPAMPool(subnet=str(network.subnet), gateway=network.gateway)
+                created = self.client.networks.create(
+                    network.name,
+                    driver="bridge",
+                    options=options,
+                    ipam=IPAMConfig(pool_configs=[pool]),
+                    labels={f"{LABEL_PREFIX}.network": "user-containers"},
+                )
+                return str(created.id)
+        except DockerException as error:
+            raise RuntimeError_(f"creating the Docker network {network.name} failed: {error}") from None
+        self._check_network(existing.attrs, network, options)
+        return str(existing.id)
+
+    @staticmethod
+    def _check_network(attrs: dict[str, Any], network: UserNetwork, options: dict[str, str]) -> None:
+        subnets = [str(pool.get("Subnet")) for pool in (attrs.get("IPAM", {}).get("Config") or [])]
+        have = attrs.get("Options") or {}
+        if (
+            attrs.get("Driver") != "bridge"
+            or subnets != [str(network.subnet)]
+            or any(have.get(key) != value for key, value in options.items())
+        ):
+            raise RuntimeError_(
+                f"the Docker network {network.name} exists with other settings (subnet {subnets}, options {have}); "
+                f"remove it (docker network rm {network.name}) or pick another PORTAL_NOTEBOOK_NETWORK"
+            )
+
+    def remove_network(self, name: str) -> bool:
+        try:
+            self.client.networks.get(name).remove()
+        except NotFound:
+            return False
+        except DockerException as error:
+            raise RuntimeError_(f"removing the Docker network {name} failed: {error}") from None
+        return True
 
     def run_in(self, container_id: str, command: list[str]) -> str:
         """Run a command inside a running container and return what it printed."""

@@ -28,7 +28,11 @@ def runtime(docker_engine: str) -> Iterator[DockerRuntime]:
 
 
 def run_on(runtime: DockerRuntime, taken: Slice) -> tuple[str, str]:
-    container_id = runtime.start_for_slice(taken, IMAGE, command=SHOW_DEVICES, network_mode="host")
+    return run_on_with(runtime, taken, SHOW_DEVICES)
+
+
+def run_on_with(runtime: DockerRuntime, taken: Slice, command: list[str]) -> tuple[str, str]:
+    container_id = runtime.start_for_slice(taken, IMAGE, command=command)
     runtime.started.append(container_id)  # type: ignore[attr-defined]
     assert runtime.wait(container_id, timeout=60) == 0
     return container_id, runtime.logs(container_id)
@@ -87,7 +91,7 @@ def test_a_busy_container_makes_its_simulated_slice_busy(
     idle = allocate(many_slices, SliceRequest(kind="mig", profile="1g.18gb"), holder="notebook:2")
     spin = ["sh", "-c", "while :; do :; done"]
     for taken, command in ((busy, spin), (idle, ["sleep", "60"])):
-        options = {"command": command, "network_mode": "host", "nano_cpus": int(1e9)}
+        options = {"command": command, "nano_cpus": int(1e9)}
         runtime.started.append(runtime.start_for_slice(taken, IMAGE, **options))  # type: ignore[attr-defined]
     activity = Activity(runtime.cpu_by_device)
     activity.refresh()
@@ -100,3 +104,16 @@ def test_a_busy_container_makes_its_simulated_slice_busy(
     util = {device.uuid: device.utilization for device in gpu.devices}
     assert util[busy.device_uuid] is not None and util[busy.device_uuid] > 55  # type: ignore[operator]
     assert util[idle.device_uuid] is not None and util[idle.device_uuid] < 10  # type: ignore[operator]
+
+
+def test_a_batch_container_for_a_slice_has_no_network_at_all(
+    make_fleet: FleetMaker, alice: User, runtime: DockerRuntime
+) -> None:
+    """Render jobs and other batch work run uploaded, hostile files: no interface but loopback."""
+    make_fleet("dock: 1xH200:mig")
+    taken = allocate(alice, SliceRequest(kind="mig", profile="1g.18gb"), holder="render-job:1")
+    container_id, output = run_on_with(runtime, taken, ["ls", "/sys/class/net"])
+    assert output.split() == ["lo"]
+    host = runtime.client.containers.get(container_id).attrs["HostConfig"]
+    assert host["NetworkMode"] == "none"
+    assert host["CapDrop"] == ["ALL"]

@@ -48,7 +48,10 @@ def child_env(**extra: str) -> dict[str, str]:
         PORTAL_HUB_OAUTH_CALLBACK_URL=settings.HUB_OAUTH_CALLBACK_URL,
         PORTAL_HUB_API_URL=settings.HUB_API_URL,
         PORTAL_HUB_SERVICE_TOKEN=settings.HUB_SERVICE_TOKEN,
-        PORTAL_NOTEBOOK_NETWORK=settings.NOTEBOOK_NETWORK,
+        PORTAL_NOTEBOOK_NETWORK=settings.USER_NETWORK.name,
+        PORTAL_NOTEBOOK_SUBNET=str(settings.USER_NETWORK.subnet),
+        PORTAL_NOTEBOOK_INTERNET=str(settings.USER_NETWORK.internet).lower(),
+        PORTAL_HUB_PORT=str(settings.USER_NETWORK.hub_port),
     )
     env.update(extra)
     return env
@@ -149,7 +152,6 @@ def start_hub(stack: dict[str, int], data_dir: Path, log_path: Path) -> subproce
     log = log_path.open("ab")
     env = child_env(
         PORTAL_INTERNAL_URL=f"http://127.0.0.1:{stack['portal']}",
-        PORTAL_HUB_PORT=str(stack["hub"]),
         PORTAL_PROXY_API_PORT=str(stack["proxy_api"]),
         PORTAL_HUB_DATA_DIR=str(data_dir),
         PYTHONPATH=str(ROOT),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 import uuid
 
 import pytest
@@ -14,7 +15,7 @@ from sessions.gpus.models import Slice
 from sessions.notebooks.hub import Hub, HubError, ServerStatus
 from sessions.notebooks.models import NotebookImage, NotebookSession
 from sessions.notebooks.services import Launch, start_session, stop_session
-from sessions.runtime.docker import DockerRuntime
+from sessions.runtime.docker import DockerRuntime, engine_time
 from sessions.tasks import reconcile_sessions
 from tests.conftest import HubStack
 from tests.helpers.waiting import state_of, wait_for
@@ -33,6 +34,9 @@ def test_a_session_runs_jupyterlab_on_its_own_slice_and_stops_cleanly(
 
     runtime = DockerRuntime()
     [container_id] = runtime.containers_for("session", str(session.pk))
+    # Billing charges from the engine's own moments, not from when the portal heard of them.
+    state = runtime.client.containers.get(container_id).attrs["State"]
+    assert session.container_started_at == engine_time(state["StartedAt"])
     # The nvidia driver puts the device into the container's first process, not into `docker exec`s.
     env = runtime.run_in(container_id, ["sh", "-c", "tr '\\0' '\\n' < /proc/1/environ"])
     devices = [line for line in env.splitlines() if line.startswith("NVIDIA_VISIBLE_DEVICES=")]
@@ -48,6 +52,8 @@ def test_a_session_runs_jupyterlab_on_its_own_slice_and_stops_cleanly(
     wait_for(lambda: state_of(session) == NotebookSession.State.STOPPED, 60, "the session to stop")
     assert runtime.containers_for("session", str(session.pk)) == []
     assert session.container_gone_at is not None and session.container_gone_at >= session.ready_at
+    died = runtime.died_at(session.pk, since=session.container_started_at)
+    assert died is not None and abs((session.container_gone_at - died).total_seconds()) < 0.2
     assert session.ended_reason == NotebookSession.EndReason.USER
     assert session.slice is not None
     assert not Slice.objects.get(pk=session.slice.pk).active
@@ -59,21 +65,41 @@ def run_one(alice: User, image: NotebookImage, name: str) -> NotebookSession:
     return session
 
 
-def test_a_container_killed_by_hand_is_reconciled_within_a_minute(
+def test_a_container_killed_by_hand_ends_at_the_moment_docker_recorded(
     hub: str, notebook_image: NotebookImage, alice: User
 ) -> None:
     session = run_one(alice, notebook_image, "doomed")
     runtime = DockerRuntime()
     [container_id] = runtime.containers_for("session", str(session.pk))
-    runtime.client.containers.get(container_id).kill()
-    killed_at = timezone.now()
+    container = runtime.client.containers.get(container_id)
+    container.kill()
+    container.reload()
+    finished = engine_time(container.attrs["State"]["FinishedAt"])
+    time.sleep(3)  # reconciliation notices late (every 20 s in production): billing must not charge the gap
+    noticed = timezone.now()
     reconcile_sessions.delay().get(timeout=60)
     wait_for(lambda: state_of(session) == NotebookSession.State.STOPPED, 60, "reconciliation")
     assert session.ended_reason == NotebookSession.EndReason.RECONCILIATION
-    assert session.container_gone_at is not None
-    assert abs((session.container_gone_at - killed_at).total_seconds()) < 5
+    assert finished is not None and session.container_gone_at == finished
+    assert (noticed - session.container_gone_at).total_seconds() >= 3
     assert session.slice is not None and not Slice.objects.get(pk=session.slice.pk).active
     wait_for(lambda: runtime.containers_for("session", str(session.pk)) == [], 30, "the dead container's removal")
+
+
+def test_a_container_removed_by_hand_ends_when_the_engine_saw_it_die(
+    hub: str, notebook_image: NotebookImage, alice: User
+) -> None:
+    session = run_one(alice, notebook_image, "vanished")
+    runtime = DockerRuntime()
+    [container_id] = runtime.containers_for("session", str(session.pk))
+    removed_at = timezone.now()
+    runtime.client.containers.get(container_id).remove(force=True)  # no state left to read: only the event log
+    time.sleep(3)
+    reconcile_sessions.delay().get(timeout=60)
+    wait_for(lambda: state_of(session) == NotebookSession.State.STOPPED, 60, "reconciliation")
+    assert session.container_gone_at is not None
+    assert 0 <= (session.container_gone_at - removed_at).total_seconds() < 1
+    assert session.slice is not None and not Slice.objects.get(pk=session.slice.pk).active
 
 
 def test_forged_user_options_sent_to_the_hub_are_refused(hub: str, notebook_image: NotebookImage, alice: User) -> None:

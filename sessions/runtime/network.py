@@ -1,0 +1,77 @@
+"""The Docker network user containers live on: its name, subnet, bridge and the hub's address there.
+
+Pure values, no Django and no Docker, so the hub's configuration and the
+spawner (which run without Django) read the same facts as the portal.
+Notebook servers sit on a bridge the portal owns; the only thing of ours
+they may reach is the hub, listening on that bridge's gateway address.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import ipaddress
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+HOST = "host"  # the unsafe development mode: servers on the host's own network namespace
+NAME = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9_.-]{0,62}$")
+DEFAULT_NAME = "gpu-portal"
+DEFAULT_SUBNET = "10.88.0.0/24"
+DEFAULT_HUB_PORT = 8081
+
+
+class NetworkSpecError(ValueError):
+    """A network setting that cannot work; the message names the setting."""
+
+
+@dataclass(frozen=True)
+class UserNetwork:
+    name: str
+    subnet: ipaddress.IPv4Network
+    internet: bool
+    hub_port: int
+
+    @property
+    def isolated(self) -> bool:
+        return self.name != HOST
+
+    @property
+    def gateway(self) -> str:
+        """The host's address on the bridge: the one address containers can reach us at."""
+        return "127.0.0.1" if not self.isolated else str(next(self.subnet.hosts()))
+
+    @property
+    def bridge(self) -> str:
+        """The Linux bridge's interface name (at most 15 characters), fixed so firewall rules can name it."""
+        return "gp-" + hashlib.sha256(self.name.encode()).hexdigest()[:10]
+
+    @property
+    def hub_url(self) -> str:
+        """Where the hub listens and where notebook servers reach it (hub_bind_url = hub_connect_url)."""
+        return f"http://{self.gateway}:{self.hub_port}"
+
+
+def parse(name: str, subnet: str, internet: bool, hub_port: int) -> UserNetwork:
+    if name != HOST and not NAME.match(name):
+        raise NetworkSpecError(f"PORTAL_NOTEBOOK_NETWORK must be a Docker network name or 'host' (got {name!r}).")
+    try:
+        network = ipaddress.IPv4Network(subnet, strict=True)
+    except ValueError as error:
+        raise NetworkSpecError(f"PORTAL_NOTEBOOK_SUBNET must be an IPv4 subnet such as 10.88.0.0/24: {error}") from None
+    if not network.is_private or network.prefixlen > 28 or network.prefixlen < 16:
+        raise NetworkSpecError(f"PORTAL_NOTEBOOK_SUBNET must be a private subnet between /16 and /28 (got {subnet!r}).")
+    if not 1 <= hub_port <= 65535:
+        raise NetworkSpecError(f"PORTAL_HUB_PORT must be a port number (got {hub_port}).")
+    return UserNetwork(name=name, subnet=network, internet=internet, hub_port=hub_port)
+
+
+def from_environ(environ: Mapping[str, str]) -> UserNetwork:
+    """The same network the portal's settings describe, read where Django is not loaded (the hub)."""
+    internet = environ.get("PORTAL_NOTEBOOK_INTERNET", "true").strip().lower() not in {"0", "false", "no", "off"}
+    return parse(
+        environ.get("PORTAL_NOTEBOOK_NETWORK", "").strip() or DEFAULT_NAME,
+        environ.get("PORTAL_NOTEBOOK_SUBNET", "").strip() or DEFAULT_SUBNET,
+        internet,
+        int(environ.get("PORTAL_HUB_PORT", "").strip() or DEFAULT_HUB_PORT),
+    )
