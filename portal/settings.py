@@ -311,6 +311,8 @@ USER_NETWORK = _user_network()
 
 
 def _check_fleet() -> None:
+# Labels this portal's containers, so reconciliation never removes another portal's on the same engine.
+INSTANCE_ID = env.text("PORTAL_INSTANCE_ID", "") or secret_file(DATA_DIR / "instance_id", lambda: secrets.token_hex(6))
     from sessions.gpus.backends.simulated import FleetSpecError, parse_fleet
 
     try:

@@ -32,6 +32,7 @@ TEST_NETWORK_PREFIX = "gpu-portal-test-"
 def pytest_configure(config: pytest.Config) -> None:
     """Keep this run's Redis keys, queues and groups apart from a running portal and other runs."""
     settings.CELERY_TASK_DEFAULT_QUEUE = f"test-{RUN_ID}"
+    settings.INSTANCE_ID = f"test-{RUN_ID}"  # reconciliation here never touches another run's containers
     settings.CACHES["default"]["KEY_PREFIX"] = f"test-{RUN_ID}"
     settings.CHANNEL_LAYERS["default"]["CONFIG"]["prefix"] = f"test-{RUN_ID}"  # type: ignore[index]
     settings.CHANNEL_LAYERS["metrics"]["CONFIG"]["prefix"] = f"test-{RUN_ID}-metrics"  # type: ignore[index]

@@ -30,7 +30,7 @@ def reconcile(runtime: DockerRuntime | None = None) -> dict[str, int]:
     runtime = runtime or DockerRuntime()
     counts = {"ended": 0, "failed": 0, "containers_removed": 0, "slices_released": 0}
     # First, since a container must never run unfenced: a Docker restart or an operator may flush rules.
-    counts["firewall_repaired"] = int(repair())
+    counts["firewall_repaired"] = int(repair(runtime=runtime))
     for session in NotebookSession.objects.filter(state__in=[State.STARTING, State.RUNNING, State.STOPPING]):
         try:
             outcome = _check(session, runtime)

@@ -21,6 +21,8 @@ from sessions.gpus.models import Slice
 from sessions.runtime.network import UserNetwork
 
 LABEL_PREFIX = "gpu-portal"
+# Which portal a container belongs to: a second portal (or test run) on the same engine never touches ours.
+INSTANCE_LABEL = f"{LABEL_PREFIX}.instance"
 GIB = 1024**3
 # What every user container runs with: no privilege gain, no capabilities (its user is not root anyway),
 # and no IPv6, which the bridge's firewall does not route.
@@ -72,12 +74,18 @@ def limits_for(taken: Slice, host_cpus: int | None = None) -> Limits:
     return Limits(cpus=cpus, memory_bytes=memory, pids=int(settings.CONTAINER_PIDS_LIMIT))
 
 
+def ours(*labels: str) -> dict[str, list[str]]:
+    """A Docker filter for this portal's containers carrying these labels."""
+    return {"label": [f"{INSTANCE_LABEL}={settings.INSTANCE_ID}", *labels]}
+
+
 def device_request(taken: Slice) -> DeviceRequest:
     return DeviceRequest(driver="nvidia", device_ids=[taken.device_uuid], capabilities=[["gpu"]])
 
 
 def labels_for(taken: Slice, extra: dict[str, str] | None = None) -> dict[str, str]:
     labels = {
+        INSTANCE_LABEL: settings.INSTANCE_ID,
         f"{LABEL_PREFIX}.slice": str(taken.pk),
         f"{LABEL_PREFIX}.gpu": taken.gpu.uuid,
         f"{LABEL_PREFIX}.device": taken.device_uuid,
@@ -146,7 +154,7 @@ class DockerRuntime:
     def containers_for(self, label: str, value: str | None = None) -> list[str]:
         """Ids of our containers carrying a label (with this value, if one is given)."""
         wanted = f"{LABEL_PREFIX}.{label}" if value is None else f"{LABEL_PREFIX}.{label}={value}"
-        found = self.client.containers.list(all=True, filters={"label": wanted})
+        found = self.client.containers.list(all=True, filters=ours(wanted))
         return [str(container.id) for container in found]
 
     def containers_on(self, network_name: str) -> list[str]:
@@ -168,12 +176,12 @@ class DockerRuntime:
 
     def session_containers(self) -> dict[str, int]:
         """Every container of a notebook session, by id, with its session's number."""
-        found = self.client.containers.list(all=True, filters={"label": f"{LABEL_PREFIX}.session"})
+        found = self.client.containers.list(all=True, filters=ours(f"{LABEL_PREFIX}.session"))
         return {str(c.id): int(c.labels[f"{LABEL_PREFIX}.session"]) for c in found}
 
     def container_state(self, session_id: int) -> ContainerState | None:
         """Whether a session's container runs, and when it stopped; None if there is none."""
-        found = self.client.containers.list(all=True, filters={"label": f"{LABEL_PREFIX}.session={session_id}"})
+        found = self.client.containers.list(all=True, filters=ours(f"{LABEL_PREFIX}.session={session_id}"))
         if not found:
             return None
         state = found[0].attrs["State"]
@@ -188,7 +196,7 @@ class DockerRuntime:
                 since=f"{since.timestamp():.6f}",
                 until=f"{datetime.now(UTC).timestamp():.6f}",
                 decode=True,
-                filters={"type": "container", "event": "die", "label": f"{LABEL_PREFIX}.session={session_id}"},
+                filters={"type": "container", "event": "die", **ours(f"{LABEL_PREFIX}.session={session_id}")},
             )
             moments = [datetime.fromtimestamp(int(event["timeNano"]) / 1e9, UTC) for event in events]
         except DockerException as error:
@@ -236,6 +244,9 @@ class DockerRuntime:
                 f"remove it (docker network rm {network.name}) or pick another PORTAL_NOTEBOOK_NETWORK"
             )
 
+    def has_network(self, name: str) -> bool:
+        return any(found.name == name for found in self.client.networks.list(names=[name]))
+
     def remove_network(self, name: str) -> bool:
         try:
             self.client.networks.get(name).remove()
@@ -256,7 +267,7 @@ class DockerRuntime:
         The simulated GPU backend follows these (a busy notebook shows a busy GPU).
         """
         usage: dict[str, tuple[float, float]] = {}
-        for container in self.client.containers.list(filters={"label": f"{LABEL_PREFIX}.device"}):
+        for container in self.client.containers.list(filters=ours(f"{LABEL_PREFIX}.device")):
             try:
                 stats = container.stats(stream=False, one_shot=True)
             except (DockerException, NotFound):

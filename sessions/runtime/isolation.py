@@ -32,13 +32,13 @@ def isolate(network: UserNetwork | None = None, runtime: DockerRuntime | None = 
     )
 
 
-def repair(network: UserNetwork | None = None) -> bool:
-    """Re-apply the firewall if a hook has gone; returns whether it had to."""
+def repair(network: UserNetwork | None = None, runtime: DockerRuntime | None = None) -> bool:
+    """Re-apply the firewall of an existing bridge if a hook has gone; returns whether it had to."""
     network = network or settings.USER_NETWORK
     if not network.isolated:
         return False
     firewall = Firewall(network)
-    if firewall.in_place():
+    if firewall.in_place() or not (runtime or DockerRuntime()).has_network(network.name):
         return False
     log.error("the firewall of %s had lost its rules; writing them again", network.name)
     firewall.apply()

@@ -48,6 +48,7 @@ def child_env(**extra: str) -> dict[str, str]:
         PORTAL_HUB_OAUTH_CALLBACK_URL=settings.HUB_OAUTH_CALLBACK_URL,
         PORTAL_HUB_API_URL=settings.HUB_API_URL,
         PORTAL_HUB_SERVICE_TOKEN=settings.HUB_SERVICE_TOKEN,
+        PORTAL_INSTANCE_ID=settings.INSTANCE_ID,
         PORTAL_NOTEBOOK_NETWORK=settings.USER_NETWORK.name,
         PORTAL_NOTEBOOK_SUBNET=str(settings.USER_NETWORK.subnet),
         PORTAL_NOTEBOOK_INTERNET=str(settings.USER_NETWORK.internet).lower(),

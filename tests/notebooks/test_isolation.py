@@ -100,7 +100,7 @@ def service_ports(listener: int) -> dict[str, int]:
     database = settings.DATABASES["default"]
     return {
         "redis": urlsplit(settings.REDIS_URL).port or 6379,
-        "postgresql": int(database.get("PORT") or 5432),
+        "postgresql": int(str(database.get("PORT") or 5432)),
         "daphne": STACK["portal"],
         "proxy": STACK["public"],
         "proxy_api": STACK["proxy_api"],

@@ -41,3 +41,29 @@ def test_an_orphan_slice_that_cannot_be_freed_does_not_stop_the_others(settings,
     assert Slice.objects.get(pk=there.pk).active  # left for a process on its own host, and for the next run
     assert [line for line in kept.lines if line.startswith(f"slice {there.pk}: could not release it")]
     assert "cannot manage a nvml host" in " ".join(kept.lines)
+
+
+@pytest.mark.docker
+def test_reconciliation_leaves_another_portals_containers_alone(docker_engine: str, settings) -> None:  # type: ignore[no-untyped-def]
+    """Two portals (or test runs) on one engine: each removes only the strays it labelled itself."""
+    from sessions.notebooks.reconcile import reconcile
+    from sessions.runtime.docker import INSTANCE_LABEL, DockerRuntime
+
+    runtime = DockerRuntime()
+    labels = {"gpu-portal.session": "999003"}  # a session number this database does not have
+    theirs = runtime.client.containers.run(
+        "gpu-portal/busybox:latest", ["sleep", "60"], labels={**labels, INSTANCE_LABEL: "another-portal"}, detach=True
+    )
+    mine = runtime.client.containers.run(
+        "gpu-portal/busybox:latest",
+        ["sleep", "60"],
+        labels={**labels, INSTANCE_LABEL: settings.INSTANCE_ID},
+        detach=True,
+    )
+    try:
+        assert reconcile(runtime)["containers_removed"] == 1
+        assert runtime.client.containers.list(all=True, filters={"id": theirs.id})
+        assert not runtime.client.containers.list(all=True, filters={"id": mine.id})
+    finally:
+        theirs.remove(force=True)
+        runtime.remove(mine.id)
