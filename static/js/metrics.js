@@ -4,6 +4,8 @@
 // - [data-history]: a session's per-minute history, drawn once from the page's JSON.
 // - #fleet-tiles: one tile per GPU and MIG device, updated in place (staff).
 // Memory stays flat however long a page is open: each series is a ring of at most 900 points.
+// Every value in a frame is data, never markup: anything a frame carries reaches the page
+// as text (el() below), so a host name like "<img onerror=...>" shows literally.
 (function () {
   "use strict";
   // 15 minutes at one frame a second; a page (or a test) may set a shorter ring before this script runs.
@@ -40,8 +42,42 @@
     connect();
   }
 
+  // An element with a class and children (nodes, strings or lists of them). Strings become
+  // text nodes, never markup; null and false are left out.
+  function el(tag, className) {
+    var node = document.createElement(tag);
+    if (className) { node.className = className; }
+    (function add(children) {
+      children.forEach(function (child) {
+        if (Array.isArray(child)) { add(child); } else if (child !== null && child !== undefined && child !== false) {
+          node.append(child instanceof Node ? child : String(child));
+        }
+      });
+    })(Array.prototype.slice.call(arguments, 2));
+    return node;
+  }
+
+  // A figure is a number or null ("not reported"); anything else a frame carries counts as not reported.
+  function number(value) {
+    return typeof value === "number" && isFinite(value) ? value : null;
+  }
+
+  function gib(mib) {
+    return number(mib) === null ? null : mib / 1024;
+  }
+
+  function list(value) {
+    return Array.isArray(value) ? value : [];
+  }
+
   function fmt(value, unit) {
-    return value === null || value === undefined ? "n/a" : (Math.round(value * 10) / 10) + " " + unit;
+    value = number(value);
+    return value === null ? "n/a" : (Math.round(value * 10) / 10) + " " + unit;
+  }
+
+  function percent(value, missing) {
+    value = number(value);
+    return value === null ? missing : Math.round(value) + "%";
   }
 
   function chart(target, figure, height, data) {
@@ -67,13 +103,8 @@
   function panels(box, figures, caption) {
     var areas = {};
     figures.forEach(function (figure) {
-      var panel = document.createElement("figure");
-      panel.className = "chart";
-      panel.innerHTML = "<figcaption>" + caption(figure) + "</figcaption>";
-      var area = document.createElement("div");
-      area.className = "chart-area";
-      panel.appendChild(area);
-      box.appendChild(panel);
+      var area = el("div", "chart-area");
+      box.appendChild(el("figure", "chart", el("figcaption", null, caption(figure)), area));
       areas[figure.key] = area;
     });
     return areas;
@@ -87,7 +118,9 @@
     var height = compact ? 70 : 130;
     var times = [], series = {}, plots = {}, points = 0;
     var areas = panels(box, figures, function (figure) {
-      return figure.label + " <output data-figure='" + figure.key + "'>…</output>";
+      var out = el("output", null, "…");
+      out.dataset.figure = figure.key;
+      return [figure.label + " ", out];
     });
     figures.forEach(function (figure) {
       series[figure.key] = [];
@@ -95,9 +128,9 @@
     });
     var status = document.querySelector("[data-live-status='" + session + "']");
     function onFrame(frame) {
-      var mine = (frame.devices || []).filter(function (d) { return d.session === session; })[0];
+      var mine = list(frame.devices).filter(function (d) { return d && d.session === session; })[0];
       if (!mine) { return; }
-      var values = {util: mine.util, mem: mine.mem_used === null ? null : mine.mem_used / 1024, temp: mine.temp, power: mine.power};
+      var values = {util: number(mine.util), mem: gib(mine.mem_used), temp: number(mine.temp), power: number(mine.power)};
       times.push(frame.t);
       if (times.length > WINDOW) { times.shift(); }
       figures.forEach(function (figure) {
@@ -126,56 +159,72 @@
 
   function historyChart(box) {
     var rows = JSON.parse(document.getElementById(box.dataset.history).textContent);
-    if (!rows.length) { box.innerHTML = "<p class='muted'>No history yet: the first minute is stored when it ends.</p>"; return; }
+    if (!rows.length) { box.replaceChildren(el("p", "muted", "No history yet: the first minute is stored when it ends.")); return; }
     var times = rows.map(function (r) { return r.t; });
     var areas = panels(box, FIGURES, function (figure) { return figure.label + " (per-minute mean, " + figure.unit + ")"; });
     FIGURES.forEach(function (figure) {
-      var values = rows.map(function (r) { return figure.key === "mem" ? (r.mem_used === null ? null : r.mem_used / 1024) : r[figure.key]; });
+      var values = rows.map(function (r) { return figure.key === "mem" ? gib(r.mem_used) : number(r[figure.key]); });
       chart(areas[figure.key], figure, 110, [times, values]);
     });
   }
 
   // Fleet tiles: one per GPU, with its MIG devices; colour follows utilisation.
   function heat(util) {
-    if (util === null || util === undefined) { return "var(--tile-none)"; }
+    util = number(util);
+    if (util === null) { return "var(--tile-none)"; }
     var hue = 210 - Math.round(Math.min(util, 100) * 2.1);
     return "hsl(" + hue + " 70% " + (92 - util * 0.35) + "%)";
   }
 
   function who(users) {
-    return users && users.length ? users.map(function (u) { return u.user + (u.session ? " #" + u.session : (u.holder ? " (" + u.holder + ")" : "")); }).join(", ") : "free";
+    users = list(users).filter(Boolean);
+    if (!users.length) { return "free"; }
+    return users.map(function (u) {
+      return u.user + (u.session ? " #" + u.session : (u.holder ? " (" + u.holder + ")" : ""));
+    }).join(", ");
+  }
+
+  function deviceItem(d) {
+    var item = el("li", null,
+      el("strong", null, d.profile), " ",
+      percent(d.util, "util n/a") + " · " + fmt(gib(d.mem_used), "GiB"),
+      el("br"), el("span", "muted", who(d.users)));
+    item.style.background = heat(d.util);  // CSSOM, which the page's style-src allows; a style="" attribute it would not
+    return item;
+  }
+
+  function tileContent(gpu, simulated) {
+    var figures = "util " + percent(gpu.util, "per device") + " · mem " +
+      fmt(gib(gpu.mem_used), "GiB") + " / " + fmt(gib(gpu.mem_total), "GiB") + " · " + fmt(gpu.temp, "°C") +
+      " · " + fmt(gpu.power, "W");
+    var devices = list(gpu.devices).filter(Boolean);
+    return [
+      el("header", null, el("strong", null, gpu.host + " GPU " + gpu.index), " " + gpu.model,
+        simulated ? " " : null, simulated ? el("span", "badge warn", "simulated") : null),
+      gpu.problem ? el("p", "error", gpu.problem) : null,
+      el("p", null, figures),
+      devices.length ? el("ul", "mig-devices", devices.map(deviceItem)) : el("p", "muted", who(gpu.users))
+    ].filter(Boolean);
   }
 
   function fleetTiles(root) {
-    var tiles = {};
+    var tiles = new Map();  // a Map, not an object: a UUID is the frame's word, "__proto__" included
     function tileFor(gpu) {
-      var tile = tiles[gpu.uuid];
+      var tile = tiles.get(gpu.uuid);
       if (!tile) {
-        tile = document.createElement("article");
-        tile.className = "gpu-tile";
+        tile = el("article", "gpu-tile");
         tile.dataset.uuid = gpu.uuid;
         root.appendChild(tile);
-        tiles[gpu.uuid] = tile;
+        tiles.set(gpu.uuid, tile);
       }
       return tile;
     }
     function onFrame(frame) {
       if (frame.kind !== "fleet") { return; }
-      frame.gpus.forEach(function (gpu) {
+      list(frame.gpus).filter(Boolean).forEach(function (gpu) {
         var tile = tileFor(gpu);
-        var devices = gpu.devices.map(function (d) {
-          return "<li style='background:" + heat(d.util) + "'><strong>" + d.profile + "</strong> " +
-            (d.util === null ? "util n/a" : Math.round(d.util) + "%") + " · " + fmt(d.mem_used / 1024, "GiB") +
-            "<br><span class='muted'>" + who(d.users) + "</span></li>";
-        }).join("");
         tile.style.background = heat(gpu.util);
-        tile.innerHTML = "<header><strong>" + gpu.host + " GPU " + gpu.index + "</strong> " + gpu.model +
-          (frame.simulated ? " <span class='badge warn'>simulated</span>" : "") + "</header>" +
-          (gpu.problem ? "<p class='error'>" + gpu.problem + "</p>" : "") +
-          "<p>util " + (gpu.util === null ? "per device" : Math.round(gpu.util) + "%") + " · mem " +
-          fmt(gpu.mem_used / 1024, "GiB") + " / " + fmt(gpu.mem_total / 1024, "GiB") + " · " + fmt(gpu.temp, "°C") +
-          " · " + fmt(gpu.power, "W") + "</p>" +
-          (gpu.devices.length ? "<ul class='mig-devices'>" + devices + "</ul>" : "<p class='muted'>" + who(gpu.users) + "</p>");
+        tile.replaceChildren.apply(tile, tileContent(gpu, frame.simulated));
       });
       root.dataset.frames = String(Number(root.dataset.frames || 0) + 1);
     }
