@@ -1,0 +1,65 @@
+"""Follow the programs' log files under supervisord and print each new line as ``name | line``.
+
+supervisord writes each program's output to <data dir>/logs/<name>.log; this keeps the live view a
+terminal had before. A file that is rotated or truncated is read again from its start.
+Usage: console.py LOG_DIR NAME [NAME ...]
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import time
+from pathlib import Path
+
+POLL_S = 0.2
+
+
+class Follower:
+    """One log file: where we are in it and which file (inode) that position belongs to."""
+
+    def __init__(self, path: Path, label: str) -> None:
+        self.path = path
+        self.label = label
+        self.inode: int | None = None
+        self.offset = 0
+        self.partial = b""
+        # What was there before we started is old news; a file made later is read from its start.
+        if path.exists():
+            stat = path.stat()
+            self.inode, self.offset = stat.st_ino, stat.st_size
+
+    def new_lines(self) -> list[bytes]:
+        try:
+            stat = self.path.stat()
+        except FileNotFoundError:
+            return []
+        if stat.st_ino != self.inode or stat.st_size < self.offset:
+            self.inode, self.offset, self.partial = stat.st_ino, 0, b""
+        if stat.st_size == self.offset:
+            return []
+        with self.path.open("rb") as log:
+            log.seek(self.offset)
+            chunk = log.read(stat.st_size - self.offset)
+        self.offset += len(chunk)
+        *lines, self.partial = (self.partial + chunk).split(b"\n")
+        return lines
+
+
+def main(log_dir: str, names: list[str]) -> None:
+    width = max(len(name) for name in names)
+    followers = [Follower(Path(log_dir) / f"{name}.log", name.ljust(width)) for name in names]
+    out = sys.stdout.buffer
+    while True:
+        for follower in followers:
+            for line in follower.new_lines():
+                out.write(follower.label.encode() + b" | " + line.rstrip(b"\r") + b"\n")
+        out.flush()
+        time.sleep(POLL_S)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) < 3:
+        sys.exit(__doc__)
+    with contextlib.suppress(KeyboardInterrupt):  # stopsignal=INT: a quiet stop
+        main(sys.argv[1], sys.argv[2:])

@@ -1,0 +1,117 @@
+"""`make run` under supervisord: a program killed with -9 comes back and the others keep running; a program
+that keeps failing at start is started again later; a run after a crashed supervisor starts cleanly;
+Ctrl-C stops everything and exits 0."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.helpers.processes import answers_200
+from tests.helpers.supervised import SupervisedRun, group_members
+
+pytestmark = [pytest.mark.docker, pytest.mark.hub, pytest.mark.celery]
+
+LOGS = Path(__file__).resolve().parents[2] / "artifacts" / "logs"
+PORTAL = ["web", "proxy", "hub", "worker", "beat", "agent"]
+HELPERS = ["console", "revive"]
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SupervisedRun]:
+    LOGS.mkdir(parents=True, exist_ok=True)
+    (LOGS / "make-run.log").unlink(missing_ok=True)
+    # Quick to give up and quick to try again, so the FATAL case below takes seconds, not minutes.
+    started = SupervisedRun(
+        tmp_path_factory.mktemp("make-run"), LOGS / "make-run.log", PORTAL_START_RETRIES="1", PORTAL_REVIVE_SECONDS="2"
+    )
+    try:
+        started.ready(timeout=240)
+        yield started
+    finally:
+        started.clean_up()
+
+
+def still_answering(run: SupervisedRun, killed: str) -> list[Callable[[], bool]]:
+    """What must keep answering while one program is down."""
+    checks = []
+    if killed not in ("web", "proxy"):
+        checks.append(lambda: answers_200(f"{run.public}/healthz"))
+    if killed == "proxy":
+        checks.append(lambda: answers_200(f"{run.daphne}/healthz"))
+    if killed != "hub":
+        checks.append(lambda: answers_200(run.hub_api))
+    return checks
+
+
+def back_again(run: SupervisedRun, name: str) -> Callable[[], bool]:
+    """The program's own sign of life, beyond a new pid."""
+    if name == "web":
+        return lambda: answers_200(f"{run.daphne}/healthz") and answers_200(f"{run.public}/healthz")
+    if name == "proxy":
+        # The portal behind it at once; the hub's route once the hub has put its routes back.
+        return lambda: answers_200(f"{run.public}/healthz") and answers_200(f"{run.public}/jupyter/hub/api/")
+    if name == "hub":
+        return lambda: answers_200(run.hub_api) and answers_200(f"{run.public}/jupyter/hub/api/")
+    if name == "worker":
+        return run.worker_answers
+    return lambda: True  # beat, agent, console, revive: running again is all they show
+
+
+@pytest.mark.parametrize("name", PORTAL + HELPERS)
+def test_a_program_killed_with_sigkill_comes_back_and_the_others_keep_running(run: SupervisedRun, name: str) -> None:
+    before = run.pids()
+    os.kill(before[name], signal.SIGKILL)
+    for check in still_answering(run, name):
+        assert check(), f"something stopped answering while {name} was down"
+
+    run.wait(lambda: run.pids()[name] not in (0, before[name]), 30, f"{name} started again")
+    run.wait(back_again(run, name), 30, f"{name} answering again")
+
+    after = run.pids()
+    assert {other: pid for other, pid in after.items() if other != name} == {
+        other: pid for other, pid in before.items() if other != name
+    }
+    # Nothing of the killed process lives on (a Celery worker's pool processes, say).
+    run.wait(lambda: not group_members(before[name]), 10, f"the rest of {name}'s process group gone")
+
+
+def test_a_program_that_keeps_failing_at_start_is_started_again_later(run: SupervisedRun) -> None:
+    """daphne cannot bind its port: supervisord gives up on it (FATAL), the revive listener tries again."""
+    supervisor = run.rpc().supervisor
+    with socket.socket() as squatter:
+        squatter.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        supervisor.stopProcess("portal:web")
+        squatter.bind(("127.0.0.1", run.ports["internal"]))
+        squatter.listen()
+        supervisor.startProcess("portal:web", False)
+        run.wait(lambda: run.programs()["web"]["statename"] == "FATAL", 60, "web given up on")
+    run.wait(lambda: run.programs()["web"]["statename"] == "RUNNING", 60, "web started again after FATAL")
+    assert answers_200(f"{run.public}/healthz")
+
+
+def test_every_program_is_running_at_the_end(run: SupervisedRun) -> None:
+    assert {name: info["statename"] for name, info in run.programs().items()} == dict.fromkeys(
+        PORTAL + HELPERS, "RUNNING"
+    )
+
+
+def test_a_run_after_a_crashed_supervisor_stops_what_it_left_and_starts_afresh(run: SupervisedRun) -> None:
+    """Its pid file and socket are stale, its programs still hold the ports."""
+    orphans = {pid for name, pid in run.pids().items() if name in PORTAL}
+    run.crash()
+    assert all(group_members(pid) for pid in orphans), "the programs should outlive a killed supervisord"
+    run.start_again()
+    run.ready(timeout=120)
+    assert not any(group_members(pid) for pid in orphans)
+
+
+def test_ctrl_c_stops_every_process_and_exits_0(run: SupervisedRun) -> None:
+    run.programs()  # note the last pids: every process group this run ever had must end up empty
+    assert run.interrupt(timeout=60) == 0
+    run.wait_for(lambda: not run.left_behind(), 5, "every process of the run gone")
