@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.conf import settings
 from django.contrib.auth.models import AnonymousUser, Group, Permission, User
 
 USERS = "users"
@@ -29,6 +30,22 @@ def ensure_roles(**kwargs: Any) -> None:
             permission = Permission.objects.filter(content_type__app_label=app_label, codename=codename).first()
             if permission is not None:
                 group.permissions.add(permission)
+
+
+def can_launch(user: User | AnonymousUser) -> bool:
+    """Whether someone may start GPU work (sessions, render jobs) and see what is on offer: users and staff."""
+    if not user.is_authenticated:
+        return False
+    return bool(getattr(user, "is_staff", False)) or user.groups.filter(name=USERS).exists()
+
+
+def launch_refusal() -> str:
+    """What someone who may not launch is told: why, and whom to ask."""
+    contact = settings.ACCESS_CONTACT or "an operator of this portal"
+    return (
+        f"Your account is not in the '{USERS}' group, so it cannot start GPU sessions or render jobs. "
+        f"Ask {contact} to add you."
+    )
 
 
 def is_operator(user: User | AnonymousUser) -> bool:

@@ -20,9 +20,9 @@ from django.core.exceptions import ImproperlyConfigured
 from portal.datafiles import secret_file
 from portal.env import Env
 from portal.sso.keys import signing_key
-
 from sessions.runtime import network
 from sessions.runtime.network import UserNetwork
+
 django_stubs_ext.monkeypatch()
 env = Env()
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -96,6 +96,8 @@ DEBUG = env.flag("PORTAL_DEBUG", False)
 ALLOWED_HOSTS = env.items("PORTAL_ALLOWED_HOSTS", ["127.0.0.1", "localhost"])
 CSRF_TRUSTED_ORIGINS = env.items("PORTAL_CSRF_TRUSTED_ORIGINS", [])
 SIGNUP_ENABLED = env.flag("PORTAL_SIGNUP_ENABLED", False)
+# Whom people without the 'users' role are told to ask for it (e.g. "gpu-admins@example.org").
+ACCESS_CONTACT = env.text("PORTAL_ACCESS_CONTACT", "")
 SITE_NAME = env.text("PORTAL_SITE_NAME", "GPU Portal")
 
 INSTALLED_APPS = [
@@ -311,6 +313,8 @@ MAX_SLICES_PER_USER = env.integer("PORTAL_MAX_SLICES_PER_USER", 4, minimum=0)
 CPUS_PER_COMPUTE_SLICE = env.integer("PORTAL_CPUS_PER_COMPUTE_SLICE", 2, minimum=1)
 HOST_MEMORY_PER_GPU_GIB = env.integer("PORTAL_HOST_MEMORY_PER_GPU_GIB", 1, minimum=1)
 CONTAINER_PIDS_LIMIT = env.integer("PORTAL_CONTAINER_PIDS_LIMIT", 1024, minimum=16)
+# Labels this portal's containers, so reconciliation never removes another portal's on the same engine.
+INSTANCE_ID = env.text("PORTAL_INSTANCE_ID", "") or secret_file(DATA_DIR / "instance_id", lambda: secrets.token_hex(6))
 
 
 def _user_network() -> UserNetwork:
@@ -330,8 +334,6 @@ USER_NETWORK = _user_network()
 
 
 def _check_fleet() -> None:
-# Labels this portal's containers, so reconciliation never removes another portal's on the same engine.
-INSTANCE_ID = env.text("PORTAL_INSTANCE_ID", "") or secret_file(DATA_DIR / "instance_id", lambda: secrets.token_hex(6))
     from sessions.gpus.backends.simulated import FleetSpecError, parse_fleet
 
     try:
@@ -364,6 +366,10 @@ OAUTH2_PROVIDER = {
 HUB_API_URL = env.text("PORTAL_HUB_API_URL", f"{USER_NETWORK.hub_url}/jupyter/hub/api")
 HUB_SERVICE_TOKEN = env.text("PORTAL_HUB_SERVICE_TOKEN", "") or secret_file(DATA_DIR / "hub_service_token")
 MAX_SESSIONS_PER_USER = env.integer("PORTAL_MAX_SESSIONS_PER_USER", 3, minimum=1)
+# A start keeps asking a hub that does not answer (restarting, say) for this long before it gives up,
+# and a launch step that takes longer than the second figure is flagged on the session's card.
+HUB_START_PATIENCE_SECONDS = env.integer("PORTAL_HUB_START_PATIENCE_SECONDS", 300, minimum=10)
+SLOW_STEP_SECONDS = env.integer("PORTAL_SLOW_STEP_SECONDS", 60, minimum=5)
 # Idle culling: minutes without activity before a session stops (per profile or kind, else the default),
 # the warning shown before, and the longest any session may run.
 IDLE_TIMEOUT_MINUTES = env.integer("PORTAL_IDLE_TIMEOUT_MINUTES", 30, minimum=1)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from celery import shared_task
+from celery import Task, shared_task
 
 from sessions.gpus.fleet import sync_fleet
 
@@ -13,12 +13,18 @@ def sync_gpus() -> int:
     return sum(host.gpus.count() for host in sync_fleet())
 
 
-@shared_task
-def start_notebook(session_id: int) -> None:
-    """Ask JupyterHub to start a session's server (enqueued when the session is committed)."""
+@shared_task(bind=True, max_retries=None)
+def start_notebook(self: Task, session_id: int) -> None:
+    """Ask JupyterHub to start a session's server (enqueued when the session is committed).
+
+    While the hub does not answer, the service says how long to wait and the task is retried
+    (Celery's own retry); the service alone decides when to give up.
+    """
     from sessions.notebooks.services import ask_hub_to_start
 
-    ask_hub_to_start(session_id)
+    pause = ask_hub_to_start(session_id, attempt=self.request.retries)
+    if pause is not None:
+        raise self.retry(countdown=pause)
 
 
 @shared_task

@@ -173,6 +173,10 @@ class HubStack:
         processes.stop(self.process)
         self.process = self._start()
 
+    def start(self) -> None:
+        if self.process.poll() is not None:
+            self.process = self._start()
+
     def stop(self) -> None:
         processes.stop(self.process)
 

@@ -29,7 +29,7 @@ class UserFactory(factory.django.DjangoModelFactory[User]):
     def roles(self, create: bool, extracted: list[str] | None, **kwargs: object) -> None:
         if not create:
             return
-        for name in extracted or ["users"]:
+        for name in ["users"] if extracted is None else extracted:
             self.groups.add(  # type: ignore[attr-defined]
                 Group.objects.get_or_create(name=name)[0]
             )

@@ -89,7 +89,11 @@ def event(request: HttpRequest) -> HttpResponse:
     if not NotebookSession.objects.filter(pk=session_id).exists():
         return _refuse(404, "No such session.")
     container_id, message = str(body.get("container_id", "")), str(body.get("message", ""))
-    session = services.record_event(session_id, kind, container_id, message, at=at)
+    exit_code = body.get("exit_code")
+    if exit_code is not None and (not isinstance(exit_code, int) or isinstance(exit_code, bool)):
+        return _refuse(400, "'exit_code' must be a whole number.")
+    end = services.ContainerEnd(at=at, exit_code=exit_code, oom_killed=body.get("oom_killed") is True)
+    session = services.record_event(session_id, kind, container_id, message, at=at, end=end)
     return JsonResponse({"session": session.pk, "state": session.state})
 
 

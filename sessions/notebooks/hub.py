@@ -8,9 +8,11 @@ them) and ``servers`` (start, stop and read named servers).
 from __future__ import annotations
 
 import json
+import socket
 import time
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit
 
 import requests
 from django.conf import settings
@@ -22,12 +24,32 @@ class HubError(RuntimeError):
     """The hub refused or did not answer; the message says what was asked."""
 
 
+class HubUnavailable(HubError):
+    """The hub did not answer (down, restarting, overloaded): worth asking again later."""
+
+
 @dataclass(frozen=True)
 class ServerStatus:
     ready: bool
     pending: str | None
     url: str
     last_activity: str | None
+
+
+def _check_hub_address(api_url: str, what: str) -> None:
+    """The hub listens on the user network's gateway; if that bridge is not set up, the address is not this
+    host's and a request would be routed off the machine. Refuse at once, saying what to do."""
+    network = settings.USER_NETWORK
+    if not network.isolated or urlsplit(api_url).hostname != network.gateway:
+        return
+    with socket.socket() as probe:
+        try:
+            probe.bind((network.gateway, 0))
+        except OSError:
+            raise HubUnavailable(
+                f"could not reach JupyterHub to {what}: {network.gateway} is not an address of this host; "
+                "create the user network first (manage.py ensure_user_network)"
+            ) from None
 
 
 class Hub:
@@ -37,10 +59,13 @@ class Hub:
         self.session.headers["Authorization"] = f"token {token or settings.HUB_SERVICE_TOKEN}"
 
     def _call(self, method: str, path: str, what: str, ok: tuple[int, ...], **kwargs: Any) -> requests.Response:
+        _check_hub_address(self.api_url, what)
         try:
             response = self.session.request(method, f"{self.api_url}{path}", timeout=TIMEOUT, **kwargs)
         except requests.RequestException as error:
-            raise HubError(f"could not reach JupyterHub to {what}: {error}") from None
+            raise HubUnavailable(f"could not reach JupyterHub to {what}: {error}") from None
+        if response.status_code in (502, 503, 504) and response.status_code not in ok:
+            raise HubUnavailable(f"JupyterHub was unavailable to {what}: HTTP {response.status_code}")
         if response.status_code not in ok:
             raise HubError(f"JupyterHub refused to {what}: HTTP {response.status_code} {response.text[:300]}")
         return response

@@ -73,7 +73,9 @@ class NotebookSession(models.Model):
         USER = "user", "Stopped by its owner"
         IDLE = "idle", "Stopped after being idle"
         MAX_AGE = "max_age", "Reached the maximum session age"
-        FAILURE = "failure", "Failed"
+        FAILURE = "failure", "Could not start"
+        CRASHED = "crashed", "Its container stopped unexpectedly"
+        INSIDE = "inside", "Shut down from inside JupyterLab"
         RECONCILIATION = "reconciliation", "Its container was gone"
         STAFF = "staff", "Stopped by an operator"
         CREDIT = "credit", "Credit ran out"
@@ -90,12 +92,15 @@ class NotebookSession(models.Model):
     state = models.CharField(max_length=12, choices=State.choices, default=State.REQUESTED)
     progress = models.PositiveSmallIntegerField(default=0)
     progress_message = models.CharField(max_length=200, blank=True)
+    progress_at = models.DateTimeField(null=True, blank=True, help_text="When the current launch step began.")
     requested_at = models.DateTimeField(default=timezone.now)
     container_started_at = models.DateTimeField(null=True, blank=True)
     ready_at = models.DateTimeField(null=True, blank=True)
     container_gone_at = models.DateTimeField(null=True, blank=True)
+    ended_at = models.DateTimeField(null=True, blank=True, help_text="When the portal recorded the end.")
     ended_reason = models.CharField(max_length=20, choices=EndReason.choices, blank=True)
-    failure_message = models.TextField(blank=True)
+    failure_message = models.TextField(blank=True, help_text="What its owner is told, in words.")
+    failure_detail = models.TextField(blank=True, help_text="The technical cause, for operators only.")
     container_id = models.CharField(max_length=80, blank=True)
     last_activity = models.DateTimeField(null=True, blank=True)
     idle_exempt = models.BooleanField(default=False, help_text="Staff: never stop this session for being idle.")
@@ -118,6 +123,23 @@ class NotebookSession(models.Model):
     @property
     def active(self) -> bool:
         return self.state in self.ACTIVE
+
+    @property
+    def slow_step(self) -> bool:
+        """A start stuck at one step for longer than PORTAL_SLOW_STEP_SECONDS: the card says so."""
+        if self.state != self.State.STARTING or self.progress_at is None:
+            return False
+        return (timezone.now() - self.progress_at).total_seconds() > settings.SLOW_STEP_SECONDS
+
+    @property
+    def badge(self) -> tuple[str, str]:
+        """The state as its owner sees it, and its tone: a crash never looks like a normal stop."""
+        if self.state == self.State.FAILED:
+            crashed = self.ended_reason == self.EndReason.CRASHED
+            return ("Crashed" if crashed else "Failed"), "bad"
+        if self.state == self.State.RUNNING:
+            return self.get_state_display(), "good"
+        return self.get_state_display(), "warn" if self.active else "neutral"
 
     def stamp(self, field: str, when: datetime | None = None) -> bool:
         """Write a lifecycle moment once; later calls leave it as it was. Returns whether it was written."""

@@ -11,18 +11,23 @@ from __future__ import annotations
 import logging
 from datetime import timedelta
 
+from django.conf import settings
 from django.utils import timezone
 
 from sessions.gpus.allocator import ReleaseRefused, release
 from sessions.gpus.backends import BackendError
 from sessions.gpus.models import Slice
 from sessions.notebooks.models import NotebookSession
-from sessions.notebooks.services import end_session
+from sessions.notebooks.services import ContainerEnd, container_ended, fail
 from sessions.runtime.docker import DockerRuntime
 from sessions.runtime.isolation import repair
 
 log = logging.getLogger(__name__)
-START_TIMEOUT = timedelta(minutes=5)
+# A start may wait this long for the hub (PORTAL_HUB_START_PATIENCE_SECONDS); past it plus a margin, it never will.
+START_MARGIN = timedelta(minutes=2)
+NEVER_STARTED = (
+    "The session never started: its container did not appear. Try again; if it keeps happening, tell an operator."
+)
 State = NotebookSession.State
 
 
@@ -50,14 +55,15 @@ def reconcile(runtime: DockerRuntime | None = None) -> dict[str, int]:
 def _check(session: NotebookSession, runtime: DockerRuntime) -> str:
     found = runtime.container_state(session.pk)
     if session.state == State.STARTING:
-        if found is None and timezone.now() - session.requested_at > START_TIMEOUT:
-            end_session(session.pk, NotebookSession.EndReason.FAILURE, failed=True, message="It never started.")
+        limit = timedelta(seconds=settings.HUB_START_PATIENCE_SECONDS) + START_MARGIN
+        if found is None and timezone.now() - session.requested_at > limit:
+            fail(session.pk, NEVER_STARTED, detail=f"no container after {limit}", forget=True)
             return "failed"
         return "ok"
     if found is not None and found.running:
         return "ok"
-    gone_at = found.finished_at if found is not None else None
-    end_session(session.pk, NotebookSession.EndReason.RECONCILIATION, gone_at=gone_at)
+    end = ContainerEnd() if found is None else ContainerEnd(found.finished_at, found.exit_code, found.oom_killed)
+    container_ended(session.pk, end)
     return "ended"
 
 

@@ -16,12 +16,24 @@ from django.contrib.auth.models import User
 from django.db import transaction
 from django.utils import timezone
 
+from portal.roles import can_launch, launch_refusal
 from sessions.gpus.allocator import AllocationRefused, SliceRequest, allocate, release
 from sessions.notebooks.models import NotebookImage, NotebookSession
 
 log = logging.getLogger(__name__)
 NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,38}$")
 State = NotebookSession.State
+MAX_RETRY_PAUSE_S = 30
+SIGKILL_EXIT = 137
+# What owners read when something went wrong: words, never an exception's text (that goes to failure_detail).
+WAITING_FOR_HUB = "Waiting for the notebook service to answer"
+HUB_NEVER_ANSWERED = (
+    "The notebook service did not answer for {minutes} minutes, so the session was not started. "
+    "Try again in a few minutes; if it keeps happening, tell an operator."
+)
+HUB_REFUSED = "The notebook service refused to start this session. Try again; if it keeps happening, tell an operator."
+LAUNCH_FAILED = "The session's container could not be started. Try again; if it keeps happening, tell an operator."
+CRASHED = "The session stopped unexpectedly: {cause}. Files in work/ are kept; start a new session to go on."
 
 
 class LaunchRefused(Exception):
@@ -43,6 +55,8 @@ class Launch:
 
 def start_session(owner: User, launch: Launch) -> NotebookSession:
     """Allocate a slice and record the session; the hub is asked to start it after commit."""
+    if not can_launch(owner):
+        raise LaunchRefused(launch_refusal(), code="role")
     if not NAME.match(launch.server_name):
         raise LaunchRefused("A session name takes lower-case letters, digits and '-', up to 39, e.g. 'train-1'.")
     image = NotebookImage.objects.filter(pk=launch.image_id, enabled=True).first()
@@ -64,7 +78,8 @@ def start_session(owner: User, launch: Launch) -> NotebookSession:
         except AllocationRefused as refused:
             raise LaunchRefused(refused.reason, code=refused.code) from None
         session.state, session.progress, session.progress_message = State.STARTING, 10, "Slice allocated"
-        session.save(update_fields=["slice", "state", "progress", "progress_message"])
+        session.progress_at = timezone.now()
+        session.save(update_fields=["slice", "state", "progress", "progress_message", "progress_at"])
         _announce(session)
         transaction.on_commit(lambda: _enqueue_start(session.pk))
     return session
@@ -95,19 +110,44 @@ def _enqueue_start(session_id: int) -> None:
     start_notebook.delay(session_id)
 
 
-def ask_hub_to_start(session_id: int) -> None:
-    """Worker side: make sure the person exists in the hub, then start the named server."""
-    from sessions.notebooks.hub import Hub, HubError
+def ask_hub_to_start(session_id: int, attempt: int = 0) -> float | None:
+    """Worker side: make sure the person exists in the hub, then start the named server.
+
+    A hub that does not answer (restarting, say) is asked again with a growing pause, for
+    PORTAL_HUB_START_PATIENCE_SECONDS from the request; returns the seconds to wait before the
+    next try, or None when there is nothing more to do.
+    """
+    from sessions.notebooks.hub import Hub, HubError, HubUnavailable
 
     session = NotebookSession.objects.select_related("owner").get(pk=session_id)
     if session.state != State.STARTING:
-        return
+        return None
     try:
         hub = Hub()
         hub.ensure_user(session.owner.get_username())
         hub.start_server(session.owner.get_username(), session.server_name, {"session": session.pk})
+    except HubUnavailable as error:
+        waited = (timezone.now() - session.requested_at).total_seconds()
+        if waited < settings.HUB_START_PATIENCE_SECONDS:
+            log.warning("session %s: the hub did not answer (try %s): %s", session.pk, attempt + 1, error)
+            note_step(session.pk, WAITING_FOR_HUB)
+            return float(min(MAX_RETRY_PAUSE_S, 2**attempt))
+        minutes = round(settings.HUB_START_PATIENCE_SECONDS / 60)
+        fail(session.pk, HUB_NEVER_ANSWERED.format(minutes=minutes), detail=str(error))
     except HubError as error:
-        fail(session.pk, str(error))
+        fail(session.pk, HUB_REFUSED, detail=str(error))
+    return None
+
+
+def note_step(session_id: int, message: str) -> None:
+    """Show a launch step on the card; its clock starts when the step changes, not at each repeat."""
+    with transaction.atomic():
+        session = NotebookSession.objects.select_for_update().get(pk=session_id)
+        if session.state != State.STARTING or session.progress_message == message:
+            return
+        session.progress_message, session.progress_at = message[:200], timezone.now()
+        session.save(update_fields=["progress_message", "progress_at"])
+        _announce(session)
 
 
 def launch_spec_for(username: str, server_name: str) -> NotebookSession | None:
@@ -117,16 +157,22 @@ def launch_spec_for(username: str, server_name: str) -> NotebookSession | None:
 
 
 def record_event(
-    session_id: int, event: str, container_id: str = "", message: str = "", at: datetime | None = None
+    session_id: int,
+    event: str,
+    container_id: str = "",
+    message: str = "",
+    at: datetime | None = None,
+    end: ContainerEnd | None = None,
 ) -> NotebookSession:
     """What the spawner reports: progress, container started, ready, stopped, failed.
 
-    ``at`` is the engine's own moment for a container that started or ended (its StartedAt and FinishedAt).
+    ``at`` is the engine's own moment for a container that started; ``end`` how it ended (FinishedAt,
+    exit code). ``message`` of a failure is the spawner's technical text: operators see it, owners do not.
     """
     with transaction.atomic():
         session = NotebookSession.objects.select_for_update().get(pk=session_id)
         if event == "progress" and session.state == State.STARTING:
-            session.progress_message = message[:200]
+            session.progress_message, session.progress_at = message[:200], timezone.now()
             session.progress = min(95, session.progress + 20)
         elif event == "container_started":
             session.stamp("container_started_at", at)
@@ -135,10 +181,9 @@ def record_event(
             session.stamp("ready_at")
             session.state, session.progress, session.progress_message = State.RUNNING, 100, "Ready"
         elif event == "stopped":
-            reason = NotebookSession.EndReason.USER if session.state == State.STOPPING else ""
-            return _end(session, reason, gone_at=at)
+            return _container_ended(session, end or ContainerEnd(at=at))
         elif event == "failed":
-            session.failure_message = message[:2000]
+            session.failure_message, session.failure_detail = LAUNCH_FAILED, message[:4000]
             return _end(session, NotebookSession.EndReason.FAILURE, failed=True)
         session.save()
         _announce(session)
@@ -168,23 +213,55 @@ def stop_session(session_id: int, by: User | None, reason: str = NotebookSession
     return session
 
 
-def fail(session_id: int, message: str) -> NotebookSession:
-    return record_event(session_id, "failed", message=message)
-
-
-def end_session(
-    session_id: int, reason: str, failed: bool = False, message: str = "", gone_at: datetime | None = None
-) -> NotebookSession:
-    """End a session whose container is gone (reconciliation, culling): record it and free the slice."""
+def fail(session_id: int, message: str, detail: str = "", forget: bool = False) -> NotebookSession:
+    """A session that could not start: ``message`` for its owner, in words; ``detail`` for operators."""
     with transaction.atomic():
         session = NotebookSession.objects.select_for_update().get(pk=session_id)
-        if message:
-            session.failure_message = message[:2000]
-        session.ended_reason = session.ended_reason or reason
-        ended = _end(session, reason, failed=failed, gone_at=gone_at)
-    if session.server_name:
-        transaction.on_commit(lambda: _forget_server(session.pk))
+        if session.state not in NotebookSession.ENDED:
+            session.failure_message, session.failure_detail = message[:2000], detail[:4000]
+        ended = _end(session, NotebookSession.EndReason.FAILURE, failed=True)
+        if forget:
+            transaction.on_commit(lambda: _forget_server(session_id))
     return ended
+
+
+@dataclass(frozen=True)
+class ContainerEnd:
+    """How a session's container ended, as the engine recorded it (all unknown if it was removed)."""
+
+    at: datetime | None = None
+    exit_code: int | None = None
+    oom_killed: bool = False
+
+    def cause(self) -> str:
+        if self.oom_killed:
+            return f"it ran out of memory (exit code {self.exit_code})"
+        if self.exit_code is None:
+            return "it was removed"
+        if self.exit_code == SIGKILL_EXIT:
+            return "it was killed (exit code 137)"
+        return f"it exited with code {self.exit_code}"
+
+
+def container_ended(session_id: int, end: ContainerEnd) -> NotebookSession:
+    """Reconciliation found a session's container stopped or gone: record how, free the slice, tell the hub."""
+    with transaction.atomic():
+        session = NotebookSession.objects.select_for_update().get(pk=session_id)
+        ended = _container_ended(session, end)
+        transaction.on_commit(lambda: _forget_server(session_id))
+    return ended
+
+
+def _container_ended(session: NotebookSession, end: ContainerEnd) -> NotebookSession:
+    """Asked to stop, it stopped; a clean exit nobody asked for was a shut-down from inside; else a crash."""
+    if session.state == State.STOPPING:
+        return _end(session, NotebookSession.EndReason.USER, gone_at=end.at)
+    if end.exit_code == 0 and not end.oom_killed:
+        return _end(session, NotebookSession.EndReason.INSIDE, gone_at=end.at)
+    if session.state not in NotebookSession.ENDED:
+        session.failure_message = CRASHED.format(cause=end.cause())
+        session.failure_detail = f"exit code {end.exit_code}, OOM killed {end.oom_killed}, finished at {end.at}"
+    return _end(session, NotebookSession.EndReason.CRASHED, failed=True, gone_at=end.at)
 
 
 def _died_at(session: NotebookSession) -> datetime | None:
@@ -219,6 +296,7 @@ def _end(
         session.stamp("container_gone_at", max(gone_at, session.container_started_at))
     session.state = State.FAILED if failed else State.STOPPED
     session.ended_reason = session.ended_reason or reason or NotebookSession.EndReason.RECONCILIATION
+    session.stamp("ended_at")
     session.save()
     _announce(session)
     if session.slice_id and session.slice and session.slice.active:

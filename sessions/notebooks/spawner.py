@@ -48,7 +48,7 @@ class PortalSpawner(DockerSpawner):
     session_id = 0
     _steps: list[tuple[int, str]]
     _starting = False
-    _gone_at = ""
+    _end: dict[str, Any] = {}
     # DockerSpawner's traits, typed for our use of them (annotations only: the traits stay).
     network_name: str
     environment: dict[str, Any]
@@ -178,7 +178,7 @@ class PortalSpawner(DockerSpawner):
             self._report_soon("progress", message="Creating the container")
             try:
                 ip, port = await super().start()
-                started = await self._container_moment("StartedAt")
+                started = (await self._container_state()).get("StartedAt", "")
                 self._report_soon("container_started", container_id=self.container_id, at=started)
                 self._step(60, "Container started; waiting for JupyterLab to answer")
                 await self._wait_until_answering(ip, port)
@@ -210,23 +210,26 @@ class PortalSpawner(DockerSpawner):
             await asyncio.sleep(self.ready_poll_interval)
         raise TimeoutError(f"JupyterLab did not answer within {self.start_timeout} s")
 
-    async def _container_moment(self, which: str) -> str:
-        """The engine's own record of when the container started or ended (what billing charges by)."""
+    async def _container_state(self) -> dict[str, Any]:
+        """The engine's own record of the container: when it started and ended (what billing charges by)."""
         try:
             found = await self.docker("inspect_container", self.container_id)
         except Exception as error:  # gone already: the portal reads the engine's event log instead
-            self.log.info("could not read %s of %s: %s", which, self.container_id[:12], error)
-            return ""
-        return str(found.get("State", {}).get(which, ""))
+            self.log.info("could not inspect %s: %s", self.container_id[:12], error)
+            return {}
+        return dict(found.get("State", {}))
 
     async def stop_object(self) -> None:
         await super().stop_object()
-        self._gone_at = await self._container_moment("FinishedAt") if self.container_id else ""
+        state = await self._container_state() if self.container_id else {}
+        self._end = {"at": state.get("FinishedAt", ""), "exit_code": state.get("ExitCode"), "oom_killed": False}
+        if state:
+            self._end["oom_killed"] = bool(state.get("OOMKilled"))
 
     async def stop(self, now: bool = False) -> None:
         session_id = self.session_id  # DockerSpawner clears state when it removes the container
-        self._gone_at = ""
+        self._end = {}
         await super().stop(now=now)
         if session_id:
             self.session_id = session_id
-            self._report_soon("stopped", at=self._gone_at)
+            self._report_soon("stopped", **self._end)

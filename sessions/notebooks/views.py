@@ -10,6 +10,7 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST
 
 from portal.http import PortalRequest
+from portal.roles import can_launch, launch_refusal
 from sessions.notebooks.forms import LaunchForm
 from sessions.notebooks.models import NotebookSession
 from sessions.notebooks.offers import offers, request_for
@@ -18,7 +19,7 @@ from sessions.notebooks.services import Launch, LaunchRefused, start_session, st
 PAGE = "sessions/session_list.html"
 
 
-def _page(request: PortalRequest, form: LaunchForm | None = None) -> HttpResponse:
+def _page(request: PortalRequest, form: LaunchForm | None = None, status: int = 200) -> HttpResponse:
     user = request.user
     assert isinstance(user, User)
     sessions = list(
@@ -31,11 +32,13 @@ def _page(request: PortalRequest, form: LaunchForm | None = None) -> HttpRespons
         "changing": any(s.state in (NotebookSession.State.STARTING, NotebookSession.State.STOPPING) for s in sessions),
     }
     target = request.htmx.target if request.htmx else None
-    if target != "session-cards":  # the cards poll often and show no form: skip the fleet-wide offers
+    if not can_launch(user):
+        context["refusal"] = launch_refusal()
+    elif target != "session-cards":  # the cards poll often and show no form: skip the fleet-wide offers
         context["form"] = form or LaunchForm(offers=offers())
     if target in ("session-cards", "launch"):
-        return render(request, f"{PAGE}#{target}", context)
-    return render(request, PAGE, context)
+        return render(request, f"{PAGE}#{target}", context, status=status)
+    return render(request, PAGE, context, status=status)
 
 
 @login_required
@@ -46,6 +49,8 @@ def session_list(request: PortalRequest) -> HttpResponse:
 @login_required
 @require_POST
 def launch(request: PortalRequest) -> HttpResponse:
+    if not can_launch(request.user):
+        return _page(request, status=403)
     form = LaunchForm(request.POST, offers=offers())
     if form.is_valid():
         wanted = request_for(form.cleaned_data["offer"])

@@ -41,6 +41,8 @@ class RuntimeError_(RuntimeError):
 class ContainerState:
     running: bool
     finished_at: datetime | None
+    exit_code: int | None = None
+    oom_killed: bool = False
 
 
 RFC3339 = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.(\d+))?(Z|[+-]\d\d:\d\d)$")
@@ -185,7 +187,9 @@ class DockerRuntime:
         if not found:
             return None
         state = found[0].attrs["State"]
-        return ContainerState(bool(state.get("Running")), engine_time(str(state.get("FinishedAt", ""))))
+        finished = engine_time(str(state.get("FinishedAt", "")))
+        exit_code = None if state.get("Running") or finished is None else int(state.get("ExitCode", 0))
+        return ContainerState(bool(state.get("Running")), finished, exit_code, bool(state.get("OOMKilled")))
 
     def died_at(self, session_id: int, since: datetime) -> datetime | None:
         """When the engine saw a session's container die, from its event log: right even after the

@@ -78,8 +78,9 @@ def test_a_container_killed_by_hand_ends_at_the_moment_docker_recorded(
     time.sleep(3)  # reconciliation notices late (every 20 s in production): billing must not charge the gap
     noticed = timezone.now()
     reconcile_sessions.delay().get(timeout=60)
-    wait_for(lambda: state_of(session) == NotebookSession.State.STOPPED, 60, "reconciliation")
-    assert session.ended_reason == NotebookSession.EndReason.RECONCILIATION
+    wait_for(lambda: state_of(session) == NotebookSession.State.FAILED, 60, "reconciliation")
+    assert session.ended_reason == NotebookSession.EndReason.CRASHED  # nobody asked it to stop
+    assert "killed (exit code 137)" in session.failure_message
     assert finished is not None and session.container_gone_at == finished
     assert (noticed - session.container_gone_at).total_seconds() >= 3
     assert session.slice is not None and not Slice.objects.get(pk=session.slice.pk).active
@@ -96,7 +97,8 @@ def test_a_container_removed_by_hand_ends_when_the_engine_saw_it_die(
     runtime.client.containers.get(container_id).remove(force=True)  # no state left to read: only the event log
     time.sleep(3)
     reconcile_sessions.delay().get(timeout=60)
-    wait_for(lambda: state_of(session) == NotebookSession.State.STOPPED, 60, "reconciliation")
+    wait_for(lambda: state_of(session) == NotebookSession.State.FAILED, 60, "reconciliation")
+    assert "it was removed" in session.failure_message
     assert session.container_gone_at is not None
     assert 0 <= (session.container_gone_at - removed_at).total_seconds() < 1
     assert session.slice is not None and not Slice.objects.get(pk=session.slice.pk).active

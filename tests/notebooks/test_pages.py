@@ -85,3 +85,57 @@ def test_htmx_polls_get_only_the_cards(notebook_image: NotebookImage, alice: Use
     page = client.get(reverse("session-list"), HTTP_HX_REQUEST="true", HTTP_HX_TARGET="session-cards").content.decode()
     assert page.lstrip().startswith('<section id="session-cards"')
     assert "<html" not in page
+
+
+def ended(session: NotebookSession, end: object) -> NotebookSession:
+    from sessions.notebooks.services import ContainerEnd, record_event
+
+    assert isinstance(end, ContainerEnd)
+    record_event(session.pk, "container_started", container_id="abc")
+    record_event(session.pk, "ready")
+    return record_event(session.pk, "stopped", end=end)
+
+
+def test_an_ended_sessions_page_says_when_and_why_it_ended(notebook_image: NotebookImage, alice: User) -> None:
+    from sessions.notebooks.services import ContainerEnd
+
+    client = as_user(alice)
+    launch(client, notebook_image)
+    session = ended(NotebookSession.objects.get(owner=alice), ContainerEnd(exit_code=0))
+    page = client.get(reverse("session-detail", args=[session.pk])).content.decode()
+    assert session.ended_at is not None
+    ended_row = page.split("<dt>Ended</dt>", 1)[1].split("</dd>", 1)[0]
+    assert "—" not in ended_row and "Shut down from inside JupyterLab" in ended_row
+
+
+def test_a_crashed_session_does_not_look_like_a_normal_stop(
+    notebook_image: NotebookImage, alice: User, staff: User
+) -> None:
+    from sessions.notebooks.services import ContainerEnd
+
+    client = as_user(alice)
+    launch(client, notebook_image)
+    session = ended(NotebookSession.objects.get(owner=alice), ContainerEnd(exit_code=137, oom_killed=True))
+    cards = client.get(reverse("session-list")).content.decode()
+    assert '<span class="badge bad" data-testid="state">Crashed</span>' in cards
+    assert "ran out of memory" in cards
+    assert ">Stopped<" not in cards
+    mine = client.get(reverse("session-detail", args=[session.pk])).content.decode()
+    assert "Crashed" in mine and "OOM killed" not in mine  # the technical detail is for operators
+    theirs = as_user(staff).get(reverse("session-detail", args=[session.pk])).content.decode()
+    assert "OOM killed True" in theirs
+
+
+def test_a_start_stuck_at_one_step_says_so_on_the_card(settings, notebook_image: NotebookImage, alice: User) -> None:  # type: ignore[no-untyped-def]
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    client = as_user(alice)
+    launch(client, notebook_image)
+    session = NotebookSession.objects.get(owner=alice)
+    assert "This step has taken" not in client.get(reverse("session-list")).content.decode()
+    NotebookSession.objects.filter(pk=session.pk).update(
+        progress_at=timezone.now() - timedelta(seconds=settings.SLOW_STEP_SECONDS + 5)
+    )
+    assert "This step has taken 1\xa0minute so far" in client.get(reverse("session-list")).content.decode()

@@ -12,7 +12,15 @@ from django.test import Client
 from sessions.gpus.allocator import SliceRequest, allocate
 from sessions.gpus.models import Slice
 from sessions.notebooks.models import NotebookImage, NotebookSession
-from sessions.notebooks.services import Launch, LaunchRefused, record_event, start_session, stop_session
+from sessions.notebooks.services import (
+    LAUNCH_FAILED,
+    ContainerEnd,
+    Launch,
+    LaunchRefused,
+    record_event,
+    start_session,
+    stop_session,
+)
 
 pytestmark = pytest.mark.django_db
 MIG = SliceRequest("mig", "1g.18gb")
@@ -87,21 +95,61 @@ def test_lifecycle_moments_are_written_once(notebook_image: NotebookImage, alice
     assert record_event(session.pk, "container_started", container_id="abc").container_started_at == first
     ready = record_event(session.pk, "ready")
     assert ready.state == NotebookSession.State.RUNNING and ready.ready_at is not None
-    ended = record_event(session.pk, "stopped")
+    ended = record_event(session.pk, "stopped", end=ContainerEnd(exit_code=0))
     assert ended.state == NotebookSession.State.STOPPED
-    assert ended.ended_reason == NotebookSession.EndReason.RECONCILIATION
-    gone = ended.container_gone_at
-    assert record_event(session.pk, "stopped").container_gone_at == gone
+    assert ended.ended_reason == NotebookSession.EndReason.INSIDE  # JupyterLab's own File > Shut Down
+    gone, ended_at = ended.container_gone_at, ended.ended_at
+    assert gone is not None and ended_at is not None
+    again = record_event(session.pk, "stopped", end=ContainerEnd(exit_code=1))
+    assert (again.container_gone_at, again.ended_at, again.state) == (gone, ended_at, NotebookSession.State.STOPPED)
     assert nothing_left(alice)
 
 
 def test_a_failed_start_releases_the_slice_and_keeps_the_reason(notebook_image: NotebookImage, alice: User) -> None:
     session = launch(alice, notebook_image)
-    failed = record_event(session.pk, "failed", message="image missing")
+    failed = record_event(session.pk, "failed", message="404 Client Error: image missing")
     assert failed.state == NotebookSession.State.FAILED
-    assert failed.failure_message == "image missing"
-    assert failed.container_gone_at is None
+    assert failed.failure_message == LAUNCH_FAILED  # words for its owner
+    assert failed.failure_detail == "404 Client Error: image missing"  # the cause, for operators
+    assert failed.container_gone_at is None and failed.ended_at is not None
     assert nothing_left(alice)
+
+
+def running(user: User, image: NotebookImage) -> NotebookSession:
+    session = launch(user, image)
+    record_event(session.pk, "container_started", container_id="abc")
+    return record_event(session.pk, "ready")
+
+
+@pytest.mark.parametrize(
+    ("end", "cause"),
+    [
+        (ContainerEnd(exit_code=137), "it was killed (exit code 137)"),
+        (ContainerEnd(exit_code=137, oom_killed=True), "it ran out of memory (exit code 137)"),
+        (ContainerEnd(exit_code=1), "it exited with code 1"),
+        (ContainerEnd(), "it was removed"),
+    ],
+)
+def test_a_container_that_ends_unasked_is_a_crash_not_a_stop(
+    notebook_image: NotebookImage, alice: User, end: ContainerEnd, cause: str
+) -> None:
+    session = running(alice, notebook_image)
+    crashed = record_event(session.pk, "stopped", end=end)
+    assert crashed.state == NotebookSession.State.FAILED
+    assert crashed.ended_reason == NotebookSession.EndReason.CRASHED
+    assert crashed.badge == ("Crashed", "bad")
+    assert cause in crashed.failure_message
+    assert nothing_left(alice)
+
+
+def test_a_container_asked_to_stop_is_a_stop_whatever_its_exit_code(notebook_image: NotebookImage, alice: User) -> None:
+    session = running(alice, notebook_image)
+    stop_session(session.pk, by=alice)  # no hub here: the request fails, the session stays stopping
+    stopped = record_event(session.pk, "stopped", end=ContainerEnd(exit_code=143))
+    assert stopped.state == NotebookSession.State.STOPPED
+    assert stopped.ended_reason == NotebookSession.EndReason.USER
+    assert stopped.badge == ("Stopped", "neutral")
+    assert stopped.failure_message == ""
 
 
 def hub_client() -> Client:
@@ -135,5 +183,16 @@ def test_events_with_bad_bodies_get_clear_errors(notebook_image: NotebookImage, 
     assert bad.status_code == 400 and "Unknown event" in bad.json()["error"]
     missing = post("/internal/notebooks/events", json.dumps({"session": 999999, "event": "ready"}), "application/json")
     assert missing.status_code == 404
+    for body, error in (
+        ({"at": "yesterday"}, "RFC 3339"),
+        ({"at": "2999-01-01T00:00:00Z"}, "past moment"),
+        ({"exit_code": "137"}, "whole number"),
+    ):
+        answer = post(
+            "/internal/notebooks/events",
+            json.dumps({"session": session.pk, "event": "stopped", **body}),
+            "application/json",
+        )
+        assert answer.status_code == 400 and error in answer.json()["error"]
     session.refresh_from_db()
     assert session.state == NotebookSession.State.STARTING
