@@ -16,7 +16,9 @@ import asyncio
 import json
 import random
 import re
+import sys
 import time
+from collections import Counter
 
 import aiohttp
 import websockets
@@ -30,24 +32,48 @@ def sampled_at(text: str | bytes) -> float:
     return float(found[1]) if found else 0.0
 
 
+def failure_kind(error: BaseException) -> str:
+    """A short, countable name for why a client failed: the exception and its HTTP status or close code."""
+    kind = type(error).__name__
+    response = getattr(error, "response", None)
+    if response is not None and getattr(response, "status_code", None):
+        return f"{kind} HTTP {response.status_code}"
+    received = getattr(error, "rcvd", None)
+    if received is not None:
+        return f"{kind} close {received.code}"
+    return kind
+
+
 async def socket_client(
     url: str,
     cookie: str,
     ready: asyncio.Event,
     start: asyncio.Event,
     until: list[float],
-    delays: list[float],
-    failures: list[str],
-    connected: list[int],
+    state: dict[str, object],
     total: int,
 ) -> None:
+    """One browser tab: connect, wait for the measured window, then take frames until it ends.
+
+    Every frame sampled inside the window is counted for this client, so missing frames are known;
+    a client that cannot connect, or whose socket closes early, is a failure with its kind.
+    """
     headers = {"Cookie": cookie, "Origin": "http://127.0.0.1:8000"}
+    delays: list[float] = state["delays"]  # type: ignore[assignment]
+    seen: set[float] = state["seen"]  # type: ignore[assignment]
+    by_frame: dict[float, list[float]] = state["by_frame"]  # type: ignore[assignment]
+    counts: list[int] = state["counts"]  # type: ignore[assignment]
+    failures: list[str] = state["failures"]  # type: ignore[assignment]
+    connected: list[int] = state["connected"]  # type: ignore[assignment]
+    got: set[float] = set()
+    stage = "connect"
     try:
         async with websockets.connect(
             url, additional_headers=headers, open_timeout=60, max_size=None, compression=None
         ) as socket:
+            stage = "stream"
             connected[0] += 1
-            if connected[0] == total:
+            if connected[0] + len(failures) == total:
                 ready.set()
             await start.wait()
             while time.monotonic() < until[0]:
@@ -56,13 +82,19 @@ async def socket_client(
                 except TimeoutError:
                     break
                 taken = sampled_at(text)
-                if taken >= until[1]:  # the frame a socket gets on connecting is older: not a delivery delay
-                    delays.append(time.time() - taken)
+                if until[1] <= taken <= until[2]:  # the frame a socket gets on connecting is older: not counted
+                    delay = time.time() - taken
+                    delays.append(delay)
+                    by_frame.setdefault(taken, []).append(delay)
+                    seen.add(taken)
+                    if taken in got:
+                        state["duplicates"] = int(state["duplicates"]) + 1  # type: ignore[call-overload]
+                    got.add(taken)
     except Exception as error:  # counted and reported, never hidden
-        failures.append(type(error).__name__)
-        connected[0] += 1
-        if connected[0] == total:
+        failures.append(f"{stage}: {failure_kind(error)}")
+        if stage == "connect" and connected[0] + len(failures) == total:
             ready.set()
+    counts.append(len(got))
 
 
 async def poll_client(
@@ -86,23 +118,53 @@ async def poll_client(
 
 async def run_sockets(args: argparse.Namespace) -> dict[str, object]:
     ready, start = asyncio.Event(), asyncio.Event()
-    until, connected = [0.0], [0]
-    delays: list[float] = []
-    failures: list[str] = []
+    until: list[float] = [0.0]
+    state: dict[str, object] = {
+        "delays": [],
+        "seen": set(),
+        "counts": [],
+        "failures": [],
+        "connected": [0],
+        "duplicates": 0,
+        "by_frame": {},
+    }
     tasks = []
+    began = time.monotonic()
     for _ in range(args.clients):
         tasks.append(
-            asyncio.create_task(
-                socket_client(args.url, args.cookie, ready, start, until, delays, failures, connected, args.clients)
-            )
+            asyncio.create_task(socket_client(args.url, args.cookie, ready, start, until, state, args.clients))
         )
         await asyncio.sleep(args.stagger)
     await asyncio.wait_for(ready.wait(), timeout=120)
+    connect_s = time.monotonic() - began
+    await go_signal()
+    # Frames sampled from a second after the go (the server has joined every socket to its group)
+    # until a second before the end (so each has time to arrive).
+    await asyncio.sleep(1.0)
     until[0] = time.monotonic() + args.duration
-    until.append(time.time())
+    until.extend([time.time(), time.time() + args.duration - 1.0])
     start.set()
     await asyncio.gather(*tasks)
-    return {"delays": delays, "failures": len(failures), "failure_kinds": sorted(set(failures))[:5]}
+    failures: list[str] = state["failures"]  # type: ignore[assignment]
+    return {
+        "delays": state["delays"],
+        "seen": sorted(state["seen"]),  # type: ignore[call-overload]
+        "counts": state["counts"],
+        "duplicates": state["duplicates"],
+        # per frame (by its sample time): the slowest arrival in this process, to tell a stall of the
+        # server (every client late on one frame) from clients that fall behind
+        "frame_max": {str(t): max(d) for t, d in state["by_frame"].items()},  # type: ignore[attr-defined]
+        "connected": state["connected"][0],  # type: ignore[index]
+        "seconds_to_connect_all": round(connect_s, 2),
+        "failures": len(failures),
+        "failure_kinds": dict(Counter(failures)),
+    }
+
+
+async def go_signal() -> None:
+    """Say all clients are connected, then wait for the bench to start every client process at once."""
+    print("ready", flush=True)
+    await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
 
 
 async def run_polling(args: argparse.Namespace) -> dict[str, object]:
@@ -112,11 +174,12 @@ async def run_polling(args: argparse.Namespace) -> dict[str, object]:
     connector = aiohttp.TCPConnector(limit=args.clients)
     timeout = aiohttp.ClientTimeout(total=30)
     async with aiohttp.ClientSession(connector=connector, headers={"Cookie": args.cookie}, timeout=timeout) as session:
+        await go_signal()
         until = time.monotonic() + args.duration
         await asyncio.gather(
             *(poll_client(session, args.url, until, ages, times, failures) for _ in range(args.clients))
         )
-    return {"ages": ages, "request_times": times, "failures": len(failures), "failure_kinds": sorted(set(failures))[:5]}
+    return {"ages": ages, "request_times": times, "failures": len(failures), "failure_kinds": dict(Counter(failures))}
 
 
 def main() -> None:

@@ -15,6 +15,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 BENCH_DB = "portal_bench"
+LOGS = ROOT / "artifacts" / "logs"
 
 
 def bench_database_url(data_dir: Path) -> str:
@@ -67,13 +68,16 @@ class BenchPortal:
         )
         self.manage("shell", "-c", code)
 
-    def start(self) -> int:
+    def start(self, log_name: str = "bench-daphne") -> int:
+        """Start daphne; its log goes to artifacts/logs/<log_name>.log, so failures can be looked into."""
+        LOGS.mkdir(parents=True, exist_ok=True)
+        log = (LOGS / f"{log_name}.log").open("wb")
         self.process = subprocess.Popen(
             [str(BIN / "daphne"), "--bind", "127.0.0.1", "--port", str(self.port), "portal.asgi:application"],
             cwd=ROOT,
             env=self.env,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
         )
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:

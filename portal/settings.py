@@ -49,12 +49,29 @@ def _database() -> dict[str, object]:
     engine = str(config.get("ENGINE", ""))
     if not engine.endswith(("sqlite3", "postgresql")):
         raise ImproperlyConfigured("DATABASE_URL must start with sqlite:// or postgres://.")
+    if engine.endswith("postgresql"):
+        config["OPTIONS"] = {**config.get("OPTIONS", {}), "pool": _pool()}  # type: ignore[dict-item]
     if engine.endswith("sqlite3"):
         Path(str(config["NAME"])).parent.mkdir(parents=True, exist_ok=True)
         config["OPTIONS"] = {"timeout": 20, "transaction_mode": "IMMEDIATE"}
         # A file, not memory, so test helper processes (worker, daphne) share it.
         config["TEST"] = {"NAME": str(DATA_DIR / "test.sqlite3")}
     return config
+
+
+def _pool() -> dict[str, object]:
+    """Each process borrows PostgreSQL connections from a pool (Django's own, psycopg_pool).
+
+    Under ASGI every request and websocket handshake runs in a thread of its own: without a pool each
+    opened its own connection, a storm of 500 sockets met PostgreSQL's max_connections ("too many
+    clients") and the handshakes that queued behind connection set-ups timed out. Borrowers wait for a
+    free connection, up to the timeout, instead.
+    """
+    return {
+        "min_size": 1,
+        "max_size": env.integer("PORTAL_DB_POOL_SIZE", 10, minimum=1),
+        "timeout": env.integer("PORTAL_DB_POOL_TIMEOUT_SECONDS", 20, minimum=1),
+    }
 
 
 def _redis_url() -> str:

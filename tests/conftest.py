@@ -8,6 +8,7 @@ import subprocess
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from django.conf import settings
@@ -79,6 +80,20 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in browser_tests:
         item.add_marker(pytest.mark.e2e)
     items[:] = [item for item in items if item not in browser_tests] + browser_tests
+
+
+@pytest.fixture(scope="session", autouse=True)
+def database_pools_closed_at_the_end(django_db_setup: None, django_db_blocker: Any) -> Iterator[None]:
+    """The connection pool keeps connections open; the test database can only be dropped once they close."""
+    yield
+    from django.db import connections
+
+    with django_db_blocker.unblock():
+        for connection in connections.all(initialized_only=True):
+            connection.close()
+            if hasattr(connection, "close_pool"):
+                with contextlib.suppress(KeyError):
+                    connection.close_pool()
 
 
 @pytest.fixture

@@ -176,9 +176,10 @@ class Agent:
 
     async def _publish(self, frame: dict[str, Any]) -> None:
         text = dumps(frame)
-        sends = [self.layer.group_send(FLEET_GROUP, _message(text, frame["t"]))]
+        sends = [self.layer.group_send(FLEET_GROUP, _message(text, frame["t"], self.name))]
         for owner, personal in personal_frames(frame, self.holders).items():
-            sends.append(self.layer.group_send(user_group(owner), _message(dumps(personal), frame["t"])))
+            message = _message(dumps(personal), frame["t"], self.name)
+            sends.append(self.layer.group_send(user_group(owner), message))
         assert self.redis is not None
         try:
             async with asyncio.timeout(PUBLISH_TIMEOUT_S):
@@ -217,5 +218,5 @@ class Agent:
             self.failing.discard(what)
 
 
-def _message(text: str, t: float) -> dict[str, Any]:
-    return {"type": "metrics.frame", "text": text, "t": t}
+def _message(text: str, t: float, agent: str) -> dict[str, Any]:
+    return {"type": "metrics.frame", "text": text, "t": t, "agent": agent}

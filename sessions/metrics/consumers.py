@@ -11,9 +11,12 @@ queues without bound, and never slows the others.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
+import re
 import time
+import weakref
 from collections import Counter
 from typing import Any, ClassVar
 
@@ -40,6 +43,10 @@ class MetricsConsumer(AsyncWebsocketConsumer):
     group_name: str | None = None
     counted_user: int | None = None
     dropped = 0
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.sent_up_to: dict[str, float] = {}  # per agent, the sample time of the newest frame sent
 
     async def connect(self) -> None:
         user = self.scope.get("user")
@@ -76,14 +83,17 @@ class MetricsConsumer(AsyncWebsocketConsumer):
 
     async def _send_latest(self) -> None:
         """The newest fleet frames at once, so a page has tiles before the next tick."""
-        client = aioredis.from_url(settings.REDIS_URL, socket_timeout=1)
         try:
-            for text in (await client.hgetall(latest_key())).values():
-                await self.send(text_data=text if isinstance(text, str) else text.decode())
+            latest = await _latest_client().hgetall(latest_key())
         except Exception as error:  # Redis away: the next tick brings a frame anyway
             log.info("metrics socket: no latest frame to send: %s", error)
-        finally:
-            await client.aclose()
+            return
+        for agent, raw in latest.items():
+            text = raw if isinstance(raw, str) else raw.decode()
+            found = SAMPLED_AT.search(text[:200])
+            if found:  # the same frame may also come through the group we just joined: send it once
+                self.sent_up_to[agent if isinstance(agent, str) else agent.decode()] = float(found[1])
+            await self.send(text_data=text)
 
     async def disconnect(self, code: int) -> None:
         if self.group_name:
@@ -103,9 +113,13 @@ class MetricsConsumer(AsyncWebsocketConsumer):
         await super().dispatch(message)
 
     async def metrics_frame(self, event: dict[str, Any]) -> None:
-        if time.time() - float(event["t"]) > STALE_AFTER_S:
+        t, agent = float(event["t"]), str(event.get("agent", ""))
+        if time.time() - t > STALE_AFTER_S:
             self.dropped += 1
             return
+        if t <= self.sent_up_to.get(agent, 0.0):  # sent already, on connecting: never twice, never backwards
+            return
+        self.sent_up_to[agent] = t
         await self.send(text_data=event["text"])
 
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
@@ -118,6 +132,18 @@ class MetricsConsumer(AsyncWebsocketConsumer):
             return
         error = 'This socket only sends frames; it answers {"type": "ping"} and nothing else.'
         await self.send(text_data=json.dumps({"type": "error", "error": error}))
+
+
+SAMPLED_AT = re.compile(r'"t": ?([0-9.]+)')
+_clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, aioredis.Redis] = weakref.WeakKeyDictionary()
+
+
+def _latest_client() -> aioredis.Redis:
+    """One Redis client per event loop for the latest frames: a storm of connecting sockets shares its pool."""
+    loop = asyncio.get_running_loop()
+    if loop not in _clients:
+        _clients[loop] = aioredis.from_url(settings.REDIS_URL, socket_timeout=1, max_connections=50)
+    return _clients[loop]
 
 
 @database_sync_to_async

@@ -20,10 +20,13 @@ USER = User._meta.db_table
 
 @pytest.fixture
 def fresh_wire() -> Iterator[None]:
-    """Each test starts on a connection that has prepared nothing of ours."""
+    """Each test starts on a connection that has prepared nothing of ours (a new pool: the old one's
+    connections keep their prepared statements, which is the point of pooling them)."""
     connection.close()
+    connection.close_pool()  # type: ignore[attr-defined]
     yield
     connection.close()
+    connection.close_pool()  # type: ignore[attr-defined]
 
 
 def wire() -> sql.Wire:

@@ -51,10 +51,16 @@ def test_the_agent_comes_back_after_losing_its_database_connection(make_fleet, m
     if connection.vendor != "postgresql":
         pytest.skip("cuts PostgreSQL connections")
     make_fleet("agent: 1xH200:mig")
-    # As manage.py gpu_agent runs: one long-lived, health-checked connection (undone after the test).
+    # As manage.py gpu_agent runs: one long-lived, health-checked connection, no pool (undone after the test).
+    connection.close()
+    options = {key: value for key, value in connection.settings_dict["OPTIONS"].items() if key != "pool"}
+    monkeypatch.setitem(connection.settings_dict, "OPTIONS", options)
     monkeypatch.setitem(connection.settings_dict, "CONN_MAX_AGE", None)
     monkeypatch.setitem(connection.settings_dict, "CONN_HEALTH_CHECKS", True)
-    asyncio.run(database_outage(Agent(get_backend(), "agent-db", 0.1)))
+    try:
+        asyncio.run(database_outage(Agent(get_backend(), "agent-db", 0.1)))
+    finally:
+        connection.close()  # its own connection, not one borrowed from the pool
 
 
 async def database_outage(agent: Agent) -> None:

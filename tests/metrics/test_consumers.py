@@ -99,3 +99,41 @@ async def test_one_person_cannot_open_sockets_without_end(alice: User, settings)
     assert open_, "closing one makes room for another"
     for socket in [*sockets, another]:
         await socket.disconnect()
+
+
+async def test_a_frame_sent_on_connecting_is_not_sent_again_through_the_group(staff: User) -> None:
+    """The newest frame goes out at once on connecting; if the same tick then arrives through the group
+    (it was published while the socket joined), the browser must not get it twice."""
+    import redis.asyncio as aioredis
+    from django.conf import settings
+
+    from sessions.metrics.agent import latest_key
+    from sessions.metrics.frames import dumps
+
+    t = time.time()
+    frame = {"kind": "fleet", "agent": "dedupe", "t": t, "gpus": []}
+    store = aioredis.from_url(settings.REDIS_URL)
+    await store.delete(latest_key())
+    await store.hset(latest_key(), "dedupe", dumps(frame))
+    try:
+        from channels.testing import WebsocketCommunicator
+
+        from portal.asgi import application
+        from tests.helpers.websockets import session_cookie
+
+        cookie = await database_sync_to_async(session_cookie)(staff)
+        headers = [(b"host", b"127.0.0.1:8000"), (b"origin", b"http://127.0.0.1:8000"), (b"cookie", cookie.encode())]
+        socket = WebsocketCommunicator(application, "/ws/metrics/fleet/", headers=headers)
+        assert (await socket.connect(timeout=5))[0]
+        assert json.loads(await socket.receive_from(timeout=5))["t"] == t  # on connecting
+        layer = get_channel_layer("metrics")
+        message = {"type": "metrics.frame", "text": dumps(frame), "t": t, "agent": "dedupe"}
+        await layer.group_send(FLEET_GROUP, message)  # the same tick, late
+        newer = {**frame, "t": t + 1}
+        await layer.group_send(FLEET_GROUP, {**message, "text": dumps(newer), "t": t + 1})
+        assert json.loads(await socket.receive_from(timeout=5))["t"] == t + 1  # the next one, not a repeat
+        assert await socket.receive_nothing(timeout=0.5)
+        await socket.disconnect()
+    finally:
+        await store.delete(latest_key())
+        await store.aclose()

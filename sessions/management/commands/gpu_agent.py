@@ -46,11 +46,13 @@ class Command(BaseCommand):
 def keep_connection_alive() -> None:
     """One database connection for the agent's life, checked before reuse and replaced when it broke.
 
-    The portal's default (a connection per request) would mean a new connection every tick.
+    The portal's default (a pooled connection per request) is for many threads at once; the agent is one.
     """
     from django.db import connections
 
-    connections["default"].settings_dict.update(CONN_MAX_AGE=None, CONN_HEALTH_CHECKS=True)
+    settings_dict = connections["default"].settings_dict
+    settings_dict["OPTIONS"] = {key: value for key, value in settings_dict["OPTIONS"].items() if key != "pool"}
+    settings_dict.update(CONN_MAX_AGE=None, CONN_HEALTH_CHECKS=True)
 
 
 def _docker_reader() -> Any:
