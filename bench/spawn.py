@@ -10,6 +10,7 @@ p95 of those launches is compared, and how each scales from one launch to the bu
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import json
 import os
 import secrets
@@ -69,11 +70,13 @@ def ours(runs: int, burst: int, tmp: Path) -> tuple[list[float], list[float]]:
         DATABASE_URL=bench_database_url(tmp),
         PORTAL_PUBLIC_URL=public,
         PORTAL_INTERNAL_URL=f"http://127.0.0.1:{ports['portal']}",
-        PORTAL_HUB_API_URL=f"http://127.0.0.1:{ports['hub']}/jupyter/hub/api",
         PORTAL_HUB_PORT=str(ports["hub"]),
         PORTAL_PROXY_API_PORT=str(ports["proxy_api"]),
         PORTAL_HUB_DATA_DIR=str(tmp / "hub"),
-        PORTAL_NOTEBOOK_NETWORK="host",
+        # The path people's launches take: the portal's own fenced bridge, the hub on its gateway.
+        PORTAL_NOTEBOOK_NETWORK=f"gpu-portal-bench-{secrets.token_hex(3)}",
+        PORTAL_NOTEBOOK_SUBNET=free_subnet(),
+        PORTAL_INSTANCE_ID="bench-spawn",
         PORTAL_GPU_BACKEND="simulated",
         PORTAL_SIMULATED_FLEET="bench: 2xH200:mig",
         PORTAL_CELERY_QUEUE="bench-spawn",
@@ -85,10 +88,16 @@ def ours(runs: int, burst: int, tmp: Path) -> tuple[list[float], list[float]]:
     )
     (tmp / "hub").mkdir()
     manage = [str(BIN / "python"), "manage.py"]
-    for step in (["migrate", "-v0"], ["collectstatic", "--no-input", "-v0"], ["sync_gpus"], ["register_hub_client"]):
+    steps = (["migrate", "-v0"], ["collectstatic", "--no-input", "-v0"], ["sync_gpus"], ["register_hub_client"])
+    for step in (*steps, ["ensure_user_network"]):
         subprocess.run([*manage, *step], cwd=ROOT, env=env, check=True, capture_output=True)
     subprocess.run([*manage, "ensure_notebook_image"], cwd=ROOT, env=env, check=True, capture_output=True)
-    code = "from django.contrib.auth.models import User; User.objects.create_user('bench')"
+    # People who may launch: the 'users' role (the migration made the group).
+    names = ["bench", *(f"bench{n}" for n in range(burst))]
+    code = (
+        "from django.contrib.auth.models import Group, User; "
+        f"[User.objects.create_user(name).groups.add(Group.objects.get(name='users')) for name in {names!r}]"
+    )
     subprocess.run([*manage, "shell", "-c", code], cwd=ROOT, env=env, check=True, capture_output=True)
     stack = Stack(tmp)
     try:
@@ -115,6 +124,26 @@ def ours(runs: int, burst: int, tmp: Path) -> tuple[list[float], list[float]]:
         return figures[0], figures[1]
     finally:
         stack.stop()
+        remove_containers_on(env["PORTAL_NOTEBOOK_NETWORK"])
+        subprocess.run([*manage, "ensure_user_network", "--remove"], cwd=ROOT, env=env, check=False)
+
+
+def free_subnet() -> str:
+    """A 10.88.N.0/24 that no Docker network on this engine holds (N from 210 up)."""
+    names = subprocess.run([DOCKER, "network", "ls", "-q"], capture_output=True, text=True).stdout.split()
+    template = "{{range .IPAM.Config}}{{.Subnet}} {{end}}"
+    inspect = [DOCKER, "network", "inspect", "--format", template, *names]
+    found = subprocess.run(inspect, capture_output=True, text=True).stdout.split()
+    for number in range(210, 250):
+        if f"10.88.{number}.0/24" not in found:
+            return f"10.88.{number}.0/24"
+    raise RuntimeError("no free 10.88.210-249.0/24 for the benchmark's networks")
+
+
+def remove_containers_on(network: str) -> None:
+    ids = subprocess.run([DOCKER, "ps", "-aq", "--filter", f"network={network}"], capture_output=True, text=True)
+    for container in ids.stdout.split():
+        subprocess.run([DOCKER, "rm", "-f", container], capture_output=True)
 
 
 def answers_any(url: str) -> bool:
@@ -130,12 +159,18 @@ def stock(runs: int, burst: int, tmp: Path) -> tuple[list[float], list[float]]:
     token = secrets.token_hex(16)
     data = tmp / "stock"
     data.mkdir()
+    # DockerSpawner's documented set-up off the host network: a user-defined bridge, the hub on its gateway.
+    network, subnet = f"bench-stock-{secrets.token_hex(3)}", free_subnet()
+    gateway = str(next(ipaddress.IPv4Network(subnet).hosts()))
+    subprocess.run([DOCKER, "network", "create", "--subnet", subnet, network], check=True, capture_output=True)
     env = dict(os.environ)
     env.update(
         BENCH_HUB_DATA=str(data),
         BENCH_PUBLIC_PORT=str(ports["public"]),
+        BENCH_HUB_IP=gateway,
         BENCH_HUB_PORT=str(ports["hub"]),
         BENCH_PROXY_API_PORT=str(ports["proxy_api"]),
+        BENCH_NETWORK=network,
         BENCH_TOKEN=token,
     )
     public = f"http://127.0.0.1:{ports['public']}"
@@ -143,7 +178,7 @@ def stock(runs: int, burst: int, tmp: Path) -> tuple[list[float], list[float]]:
     try:
         stack.start("stock-hub", [str(BIN / "jupyterhub"), "-f", str(ROOT / "bench/hub/stock_config.py")], env, data)
         wait(lambda: answers_any(f"{public}/hub/api/"), 60)
-        api = f"http://127.0.0.1:{ports['hub']}/hub/api"
+        api = f"http://{gateway}:{ports['hub']}/hub/api"
         call(api + "/users/bench", "POST", token)
         times = []
         for _ in range(runs):
@@ -156,6 +191,8 @@ def stock(runs: int, burst: int, tmp: Path) -> tuple[list[float], list[float]]:
         return times, stock_burst(api, public, token, burst)
     finally:
         stack.stop()
+        remove_containers_on(network)
+        subprocess.run([DOCKER, "network", "rm", network], capture_output=True)
 
 
 def stock_burst(api: str, public: str, token: str, count: int) -> list[float]:
@@ -194,35 +231,41 @@ def container_exists(name: str) -> bool:
     return bool(out.stdout.strip())
 
 
-def floor(runs: int) -> list[float]:
+def floor(runs: int, bridged: bool = False) -> list[float]:
+    """A bare `docker run` of the image with `jupyter lab` until /api answers: on the host's network, or on a
+    fresh bridge (what a network namespace and veth of its own cost every launch)."""
+    network = f"bench-floor-{secrets.token_hex(3)}" if bridged else "host"
+    if bridged:
+        subprocess.run(
+            [DOCKER, "network", "create", "--subnet", free_subnet(), network], check=True, capture_output=True
+        )
     times = []
-    for number in range(runs):
-        port, name = free_port(), f"bench-floor-{number}"
-        command = [
-            DOCKER,
-            "run",
-            "-d",
-            "--rm",
-            "--name",
-            name,
-            "--network",
-            "host",
-            IMAGE,
-            "jupyter",
-            "lab",
-            "--ip",
-            "127.0.0.1",
-            f"--port={port}",
-            "--no-browser",
-            "--ServerApp.token=",
-            "--ServerApp.password=",
-        ]
-        started = time.perf_counter()
-        subprocess.run(command, check=True, capture_output=True)
-        wait(lambda port=port: answers(f"http://127.0.0.1:{port}/api"))
-        times.append(time.perf_counter() - started)
-        subprocess.run([DOCKER, "rm", "-f", name], capture_output=True)
+    try:
+        for number in range(runs):
+            times.append(one_floor(number, network))
+    finally:
+        if bridged:
+            subprocess.run([DOCKER, "network", "rm", network], capture_output=True)
     return times
+
+
+def one_floor(number: int, network: str) -> float:
+    port, name = free_port(), f"bench-floor-{number}"
+    ip = "127.0.0.1" if network == "host" else "0.0.0.0"  # noqa: S104 (inside the container's own namespace)
+    command = [DOCKER, "run", "-d", "--rm", "--name", name, "--network", network, IMAGE, "jupyter", "lab"]
+    command += ["--ip", ip, f"--port={port}", "--no-browser", "--ServerApp.token=", "--ServerApp.password="]
+    started = time.perf_counter()
+    subprocess.run(command, check=True, capture_output=True)
+    address = "127.0.0.1"
+    if network != "host":
+        template = "{{range .NetworkSettings.Networks}}{{.IPAddress}}{{end}}"
+        address = subprocess.run(
+            [DOCKER, "inspect", "-f", template, name], capture_output=True, text=True
+        ).stdout.strip()
+    wait(lambda: answers(f"http://{address}:{port}/api"))
+    elapsed = time.perf_counter() - started
+    subprocess.run([DOCKER, "rm", "-f", name], capture_output=True)
+    return elapsed
 
 
 def run(args: argparse.Namespace) -> Result:
@@ -233,7 +276,12 @@ def run(args: argparse.Namespace) -> Result:
         tmp = Path(name)
         ours_runs, ours_burst = ours(args.runs, args.burst, tmp)
         stock_runs, stock_burst_runs = stock(args.runs, args.burst, tmp)
-        figures = {"ours": ours_runs, "stock": stock_runs, "floor": floor(args.runs)}
+        figures = {
+            "ours": ours_runs,
+            "stock": stock_runs,
+            "floor": floor(args.runs),
+            "floor_bridged": floor(args.runs, bridged=True),
+        }
     medians = {key: round(statistics.median(values), 3) for key, values in figures.items()}
     bursts = {"ours": ours_burst, "stock": stock_burst_runs}
     p95 = {key: round(percentile(values, 95), 3) for key, values in bursts.items()}
@@ -241,6 +289,7 @@ def run(args: argparse.Namespace) -> Result:
         "medians_s": medians,
         "runs_s": {key: [round(v, 3) for v in values] for key, values in figures.items()},
         "ours_vs_floor": round(medians["ours"] / medians["floor"], 3),
+        "ours_vs_bridged_floor": round(medians["ours"] / medians["floor_bridged"], 3),
         f"burst_{args.burst}": {
             "p95_s": p95,
             "medians_s": {key: round(statistics.median(values), 3) for key, values in bursts.items()},

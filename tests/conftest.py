@@ -69,7 +69,8 @@ def test_network() -> UserNetwork:
     for step in range(100):
         subnet = f"10.88.{100 + (start + step) % 100}.0/24"
         if subnet not in taken:
-            return network.parse(f"{TEST_NETWORK_PREFIX}{RUN_ID}", subnet, True, STACK["hub"])
+            # Internet off: whatever a notebook tries outside is refused on this host, never sent.
+            return network.parse(f"{TEST_NETWORK_PREFIX}{RUN_ID}", subnet, False, STACK["hub"])
     raise RuntimeError("every 10.88.100-199.0/24 is taken by a Docker network; remove old gpu-portal-test-* ones")
 
 
