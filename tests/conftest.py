@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import contextlib
 import os
+import socket
 import subprocess
+import threading
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -210,6 +212,27 @@ def user_network(docker_engine: str) -> Iterator[UserNetwork]:
     for container_id in runtime.containers_on(settings.USER_NETWORK.name):
         runtime.remove(container_id)
     tear_down(settings.USER_NETWORK, runtime)
+
+
+@pytest.fixture
+def gateway_listener(user_network: UserNetwork) -> Iterator[int]:
+    """A server of ours on the bridge's gateway, on a port that is not the hub's: the firewall must refuse
+    it, as it refuses whatever a host runs on 0.0.0.0. Yields its port."""
+    server = socket.create_server((user_network.gateway, 0))
+    server.settimeout(0.2)
+    stop = threading.Event()
+
+    def accept() -> None:
+        while not stop.is_set():
+            with contextlib.suppress(OSError):
+                server.accept()[0].close()
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    yield int(server.getsockname()[1])
+    stop.set()
+    thread.join()
+    server.close()
 
 
 @pytest.fixture(scope="session")

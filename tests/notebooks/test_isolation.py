@@ -7,9 +7,6 @@ probes run inside its container as the notebook user, with what a terminal in Ju
 from __future__ import annotations
 
 import json
-import socket
-import threading
-from collections.abc import Iterator
 from urllib.parse import urlsplit
 
 import pytest
@@ -72,27 +69,17 @@ print(json.dumps({
 """
 
 
-@pytest.fixture
-def gateway_listener(user_network: UserNetwork) -> Iterator[int]:
-    """A server of ours on the bridge's gateway, on a port that is not the hub's: the firewall must refuse it,
-    as it refuses whatever a host runs on 0.0.0.0."""
-    server = socket.create_server((user_network.gateway, 0))
-    stop = threading.Event()
+def running_container(owner: User, image: NotebookImage, name: str) -> tuple[NotebookSession, str]:
+    """A session launched the way a person's is, once it runs, and its container's id."""
+    session = start_session(owner, Launch(SliceRequest("mig", "1g.18gb"), image.pk, name))
+    wait_for(lambda: state_of(session) == NotebookSession.State.RUNNING, 120, "the session to run")
+    [container_id] = DockerRuntime().containers_for("session", str(session.pk))
+    return session, container_id
 
-    def accept() -> None:
-        server.settimeout(0.2)
-        while not stop.is_set():
-            try:
-                server.accept()[0].close()
-            except OSError:
-                continue
 
-    thread = threading.Thread(target=accept, daemon=True)
-    thread.start()
-    yield int(server.getsockname()[1])
-    stop.set()
-    thread.join()
-    server.close()
+def stopped(session: NotebookSession, owner: User) -> None:
+    stop_session(session.pk, by=owner)
+    wait_for(lambda: state_of(session) == NotebookSession.State.STOPPED, 60, "the session to stop")
 
 
 def service_ports(listener: int) -> dict[str, int]:
@@ -113,10 +100,8 @@ def service_ports(listener: int) -> dict[str, int]:
 def test_a_notebook_reaches_the_hub_and_nothing_else_of_the_host(
     hub: str, notebook_image: NotebookImage, alice: User, user_network: UserNetwork, gateway_listener: int
 ) -> None:
-    session = start_session(alice, Launch(SliceRequest("mig", "1g.18gb"), notebook_image.pk, "sandbox"))
-    wait_for(lambda: state_of(session) == NotebookSession.State.RUNNING, 120, "the session to run")
+    session, container_id = running_container(alice, notebook_image, "sandbox")
     runtime = DockerRuntime()
-    [container_id] = runtime.containers_for("session", str(session.pk))
     attrs = runtime.client.containers.get(container_id).attrs
     assert attrs["HostConfig"]["NetworkMode"] == user_network.name
     assert not attrs["HostConfig"].get("PortBindings"), "nothing of a notebook is published on the host"
@@ -138,18 +123,14 @@ def test_a_notebook_reaches_the_hub_and_nothing_else_of_the_host(
     # Refused at once (a reset from the firewall or nothing listening), not left to time out.
     assert {outcome for target, outcome in seen.items() if ":" in target} == {"refused"}
 
-    stop_session(session.pk, by=alice)
-    wait_for(lambda: state_of(session) == NotebookSession.State.STOPPED, 60, "the session to stop")
+    stopped(session, alice)
 
 
 def test_a_notebooks_hub_token_may_only_report_activity_and_open_its_own_server(
     hub: str, notebook_image: NotebookImage, alice: User, bob: User, user_network: UserNetwork
 ) -> None:
-    session = start_session(alice, Launch(SliceRequest("mig", "1g.18gb"), notebook_image.pk, "tokens"))
-    wait_for(lambda: state_of(session) == NotebookSession.State.RUNNING, 120, "the session to run")
-    runtime = DockerRuntime()
-    [container_id] = runtime.containers_for("session", str(session.pk))
-    seen = json.loads(runtime.run_in(container_id, ["python3", "-c", TOKEN_PROBE]))
+    session, container_id = running_container(alice, notebook_image, "tokens")
+    seen = json.loads(DockerRuntime().run_in(container_id, ["python3", "-c", TOKEN_PROBE]))
     assert seen.pop("api_url") == f"{user_network.hub_url}/jupyter/hub/api"
     assert seen.pop("whoami") == 200
     assert seen == {
@@ -161,17 +142,12 @@ def test_a_notebooks_hub_token_may_only_report_activity_and_open_its_own_server(
         "proxy_routes": 403,
         "services": 403,
     }
-    stop_session(session.pk, by=alice)
-    wait_for(lambda: state_of(session) == NotebookSession.State.STOPPED, 60, "the session to stop")
+    stopped(session, alice)
 
 
 def test_a_session_mounts_its_owners_own_work_volume(hub: str, notebook_image: NotebookImage, alice: User) -> None:
-    session = start_session(alice, Launch(SliceRequest("mig", "1g.18gb"), notebook_image.pk, "volume"))
-    wait_for(lambda: state_of(session) == NotebookSession.State.RUNNING, 120, "the session to run")
-    runtime = DockerRuntime()
-    [container_id] = runtime.containers_for("session", str(session.pk))
-    mounts = runtime.client.containers.get(container_id).attrs["Mounts"]
+    session, container_id = running_container(alice, notebook_image, "volume")
+    mounts = DockerRuntime().client.containers.get(container_id).attrs["Mounts"]
     [work] = [mount for mount in mounts if mount["Destination"] == "/home/jovyan/work"]
     assert work["Name"] == WorkVolume.objects.get(owner=alice).name
-    stop_session(session.pk, by=alice)
-    wait_for(lambda: state_of(session) == NotebookSession.State.STOPPED, 60, "the session to stop")
+    stopped(session, alice)

@@ -7,7 +7,6 @@ the host's LAN or a metadata service, and a documentation-range address standing
 from __future__ import annotations
 
 import socket
-import threading
 from collections.abc import Iterator
 
 import pytest
@@ -59,28 +58,6 @@ def reach(address: str, port: int) -> str:
     return f"if nc -w 3 {address} {port} </dev/null >/dev/null 2>&1; then echo open; else echo closed; fi"
 
 
-@pytest.fixture
-def gateway_server(user_network: UserNetwork) -> Iterator[int]:
-    """Something of ours listening on the bridge's gateway that is not the hub."""
-    server = socket.create_server((user_network.gateway, 0))
-    server.settimeout(0.2)
-    stop = threading.Event()
-
-    def serve() -> None:
-        while not stop.is_set():
-            try:
-                server.accept()[0].close()
-            except OSError:
-                continue
-
-    thread = threading.Thread(target=serve, daemon=True)
-    thread.start()
-    yield int(server.getsockname()[1])
-    stop.set()
-    thread.join()
-    server.close()
-
-
 def test_a_user_container_reaches_the_internet_but_no_private_address(online_network: UserNetwork, lab: Lab) -> None:
     assert run(online_network.name, reach(lab.public_address, lab.port)) == "open"
     assert run(online_network.name, reach(lab.private_address, lab.port)) == "closed"
@@ -112,15 +89,15 @@ def test_two_user_containers_cannot_talk_to_each_other(user_network: UserNetwork
 
 
 def test_a_firewall_flushed_behind_our_back_is_written_again_by_reconciliation(
-    user_network: UserNetwork, gateway_server: int, celery_worker: str, db: None
+    user_network: UserNetwork, gateway_listener: int, celery_worker: str, db: None
 ) -> None:
-    assert run(user_network.name, reach(user_network.gateway, gateway_server)) == "closed"
+    assert run(user_network.name, reach(user_network.gateway, gateway_listener)) == "closed"
     Firewall(user_network).remove()  # what `iptables -F` or a careless operator does
     try:
-        assert run(user_network.name, reach(user_network.gateway, gateway_server)) == "open"
+        assert run(user_network.name, reach(user_network.gateway, gateway_listener)) == "open"
         counts = reconcile_sessions.delay().get(timeout=60)
         assert counts["firewall_repaired"] == 1
-        assert run(user_network.name, reach(user_network.gateway, gateway_server)) == "closed"
+        assert run(user_network.name, reach(user_network.gateway, gateway_listener)) == "closed"
     finally:
         Firewall(user_network).apply()
 
