@@ -75,8 +75,11 @@ class Hub:
             self._call("POST", f"/users/{name}", f"create {name}", (201, 409))
 
     def start_server(self, user: str, server: str, options: dict[str, Any]) -> None:
-        body = {"user_options": options}
-        self._call("POST", f"/users/{user}/servers/{server}", f"start {user}/{server}", (201, 202), json=body)
+        """Start a named server, making the person in the hub first if the hub does not know them yet."""
+        body, path, what = {"user_options": options}, f"/users/{user}/servers/{server}", f"start {user}/{server}"
+        if self._call("POST", path, what, (201, 202, 404), json=body).status_code == 404:
+            self.ensure_user(user)
+            self._call("POST", path, what, (201, 202), json=body)
 
     def stop_server(self, user: str, server: str) -> None:
         what = f"stop {user}/{server}"

@@ -111,7 +111,7 @@ def _enqueue_start(session_id: int) -> None:
 
 
 def ask_hub_to_start(session_id: int, attempt: int = 0) -> float | None:
-    """Worker side: make sure the person exists in the hub, then start the named server.
+    """Worker side: ask the hub to start the named server (the hub learns of the person on first use).
 
     A hub that does not answer (restarting, say) is asked again with a growing pause, for
     PORTAL_HUB_START_PATIENCE_SECONDS from the request; returns the seconds to wait before the
@@ -123,9 +123,7 @@ def ask_hub_to_start(session_id: int, attempt: int = 0) -> float | None:
     if session.state != State.STARTING:
         return None
     try:
-        hub = Hub()
-        hub.ensure_user(session.owner.get_username())
-        hub.start_server(session.owner.get_username(), session.server_name, {"session": session.pk})
+        Hub().start_server(session.owner.get_username(), session.server_name, {"session": session.pk})
     except HubUnavailable as error:
         waited = (timezone.now() - session.requested_at).total_seconds()
         if waited < settings.HUB_START_PATIENCE_SECONDS:

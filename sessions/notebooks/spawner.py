@@ -11,6 +11,7 @@ import asyncio
 import os
 import socket
 import time
+from collections.abc import Awaitable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -88,14 +89,19 @@ class PortalSpawner(DockerSpawner):
         url = f"{self.portal_url.rstrip('/')}/internal/notebooks/{path}"
         return await asyncio.to_thread(requests.request, method, url, headers=headers, timeout=10, **kwargs)
 
-    def _report_soon(self, event: str, **body: Any) -> None:
-        """Report without holding up the launch; reports still reach the portal in order."""
+    def _report_soon(self, event: str, details: Awaitable[dict[str, Any]] | None = None, **body: Any) -> None:
+        """Report without holding up the launch; reports still reach the portal in order.
+
+        ``details``, if given, is awaited in the background too and adds to the body.
+        """
         previous = getattr(self, "_last_report", None)
         session_id = self.session_id  # the state may be cleared before this is sent
 
         async def send() -> None:
             if previous is not None:
                 await asyncio.shield(previous)
+            if details is not None:
+                body.update(await details)
             await self._report(event, session_id, **body)
 
         self._last_report = asyncio.ensure_future(send())
@@ -178,8 +184,8 @@ class PortalSpawner(DockerSpawner):
             self._report_soon("progress", message="Creating the container")
             try:
                 ip, port = await super().start()
-                started = (await self._container_state()).get("StartedAt", "")
-                self._report_soon("container_started", container_id=self.container_id, at=started)
+                # The engine's start moment is read while JupyterLab boots, not before we wait for it.
+                self._report_soon("container_started", self._started_at(), container_id=self.container_id)
                 self._step(60, "Container started; waiting for JupyterLab to answer")
                 await self._wait_until_answering(ip, port)
             except Exception as error:
@@ -218,6 +224,9 @@ class PortalSpawner(DockerSpawner):
             self.log.info("could not inspect %s: %s", self.container_id[:12], error)
             return {}
         return dict(found.get("State", {}))
+
+    async def _started_at(self) -> dict[str, Any]:
+        return {"at": (await self._container_state()).get("StartedAt", "")}
 
     async def stop_object(self) -> None:
         await super().stop_object()

@@ -173,3 +173,14 @@ def test_the_hubs_progress_stream_carries_the_spawners_steps(
         hub_api.progress("alice", "no-such-server", timeout=5)
     stop_session(session.pk, by=alice)
     wait_for(lambda: state_of(session) == NotebookSession.State.STOPPED, 60, "the session to stop")
+
+
+def test_someone_the_hub_has_never_seen_gets_their_server(hub: str, notebook_image: NotebookImage, roles: None) -> None:
+    from tests.factories import make_user
+
+    newcomer = make_user(f"new{uuid.uuid4().hex[:6]}", ["users"])
+    assert Hub().servers(newcomer.username) == {}  # the hub does not know them yet
+    session = run_one(newcomer, notebook_image, "first")
+    assert Hub().servers(newcomer.username)["first"].ready
+    stop_session(session.pk, by=newcomer)
+    wait_for(lambda: state_of(session) == NotebookSession.State.STOPPED, 60, "the session to stop")
