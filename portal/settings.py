@@ -49,7 +49,7 @@ def _database() -> dict[str, object]:
     engine = str(config.get("ENGINE", ""))
     if not engine.endswith(("sqlite3", "postgresql")):
         raise ImproperlyConfigured("DATABASE_URL must start with sqlite:// or postgres://.")
-    if engine.endswith("postgresql"):
+    if engine.endswith("postgresql") and env.integer("PORTAL_DB_POOL_SIZE", 10, minimum=0):
         config["OPTIONS"] = {**config.get("OPTIONS", {}), "pool": _pool()}  # type: ignore[dict-item]
     if engine.endswith("sqlite3"):
         Path(str(config["NAME"])).parent.mkdir(parents=True, exist_ok=True)
@@ -69,7 +69,7 @@ def _pool() -> dict[str, object]:
     """
     return {
         "min_size": 1,
-        "max_size": env.integer("PORTAL_DB_POOL_SIZE", 10, minimum=1),
+        "max_size": env.integer("PORTAL_DB_POOL_SIZE", 10, minimum=0),
         "timeout": env.integer("PORTAL_DB_POOL_TIMEOUT_SECONDS", 20, minimum=1),
     }
 
