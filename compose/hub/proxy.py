@@ -44,8 +44,9 @@ def command(environ: dict[str, str]) -> list[str]:
         # Where a server that does not answer sends people: the hub's error page, as when the hub runs the proxy.
         "--error-target",
         f"{hub}/jupyter/hub/error",
+        # warn: the hub's route checks every 10 s would otherwise fill the console; route changes are the hub's log
         "--log-level",
-        "info",
+        "warn",
     ]
 
 

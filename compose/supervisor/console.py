@@ -8,6 +8,8 @@ Usage: console.py LOG_DIR NAME [NAME ...]
 from __future__ import annotations
 
 import contextlib
+import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -51,10 +53,16 @@ def main(log_dir: str, names: list[str]) -> None:
     followers = [Follower(Path(log_dir) / f"{name}.log", name.ljust(width)) for name in names]
     out = sys.stdout.buffer
     while True:
-        for follower in followers:
-            for line in follower.new_lines():
-                out.write(follower.label.encode() + b" | " + line.rstrip(b"\r") + b"\n")
-        out.flush()
+        try:
+            for follower in followers:
+                for line in follower.new_lines():
+                    out.write(follower.label.encode() + b" | " + line.rstrip(b"\r") + b"\n")
+            out.flush()
+        except BrokenPipeError:
+            # Whoever read the console is gone (a pipe whose reader was stopped with Ctrl-C): the person
+            # meant to stop the portal, so stop the supervisor, which stops every program.
+            os.kill(os.getppid(), signal.SIGTERM)
+            return
         time.sleep(POLL_S)
 
 
