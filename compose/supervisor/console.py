@@ -13,6 +13,7 @@ import signal
 import sys
 import time
 from pathlib import Path
+from typing import BinaryIO
 
 POLL_S = 0.2
 
@@ -48,10 +49,22 @@ class Follower:
         return lines
 
 
+def terminal() -> BinaryIO:
+    """supervisord's own standard output (the terminal, or the pipe `make run | tee` made), written directly.
+
+    What this program prints to its stdout passes through supervisord, which would hide from us that
+    the reader is gone; written straight to the same file we see it (BrokenPipeError) and can act.
+    """
+    try:
+        return open(f"/proc/{os.getppid()}/fd/1", "ab", buffering=0)
+    except OSError:
+        return sys.stdout.buffer
+
+
 def main(log_dir: str, names: list[str]) -> None:
     width = max(len(name) for name in names)
     followers = [Follower(Path(log_dir) / f"{name}.log", name.ljust(width)) for name in names]
-    out = sys.stdout.buffer
+    out = terminal()
     while True:
         try:
             for follower in followers:
