@@ -115,3 +115,41 @@ def test_ctrl_c_stops_every_process_and_exits_0(run: SupervisedRun) -> None:
     run.programs()  # note the last pids: every process group this run ever had must end up empty
     assert run.interrupt(timeout=60) == 0
     run.wait_for(lambda: not run.left_behind(), 5, "every process of the run gone")
+
+
+class PipedRun(SupervisedRun):
+    """make run with its output going into a pipe, as in `make run | tee run.log`."""
+
+    def start(self):  # type: ignore[no-untyped-def]
+        import subprocess
+
+        from tests.helpers.supervised import ROOT
+
+        process = subprocess.Popen(
+            [str(ROOT / "compose/bin/run")],
+            cwd=ROOT,
+            env=self.env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        self.seen_groups.add(process.pid)
+        return process
+
+
+def test_when_the_reader_of_its_output_goes_away_the_run_stops_everything(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """Ctrl-C on `make run | tee log` stops tee first; the portal must not run on without anyone watching."""
+    piped = PipedRun(tmp_path_factory.mktemp("piped-run"), LOGS / "make-run-piped.log")
+    try:
+        piped.ready(timeout=240)
+        piped.programs()
+        assert piped.process.stdout is not None
+        piped.process.stdout.close()  # what tee's death does to the pipe
+        answers_200(f"{piped.daphne}/healthz")  # a line for the console to write
+        assert piped.process.wait(timeout=60) == 0
+        piped.wait_for(lambda: not piped.left_behind(), 10, "every process of the run gone")
+    finally:
+        piped.clean_up()
