@@ -181,8 +181,7 @@ def record_event(
         elif event == "stopped":
             return _container_ended(session, end or ContainerEnd(at=at))
         elif event == "failed":
-            session.failure_message, session.failure_detail = LAUNCH_FAILED, message[:4000]
-            return _end(session, NotebookSession.EndReason.FAILURE, failed=True)
+            return _failed(session, LAUNCH_FAILED, detail=message)
         session.save()
         _announce(session)
         return session
@@ -215,12 +214,23 @@ def fail(session_id: int, message: str, detail: str = "", forget: bool = False) 
     """A session that could not start: ``message`` for its owner, in words; ``detail`` for operators."""
     with transaction.atomic():
         session = NotebookSession.objects.select_for_update().get(pk=session_id)
-        if session.state not in NotebookSession.ENDED:
-            session.failure_message, session.failure_detail = message[:2000], detail[:4000]
-        ended = _end(session, NotebookSession.EndReason.FAILURE, failed=True)
+        ended = _failed(session, message, detail)
         if forget:
             transaction.on_commit(lambda: _forget_server(session_id))
     return ended
+
+
+def _failed(
+    session: NotebookSession,
+    message: str,
+    detail: str,
+    reason: str = NotebookSession.EndReason.FAILURE,
+    gone_at: datetime | None = None,
+) -> NotebookSession:
+    """End a session that went wrong; what was said of an end already recorded is never rewritten."""
+    if session.state not in NotebookSession.ENDED:
+        session.failure_message, session.failure_detail = message[:2000], detail[:4000]
+    return _end(session, reason, failed=True, gone_at=gone_at)
 
 
 @dataclass(frozen=True)
@@ -256,10 +266,8 @@ def _container_ended(session: NotebookSession, end: ContainerEnd) -> NotebookSes
         return _end(session, NotebookSession.EndReason.USER, gone_at=end.at)
     if end.exit_code == 0 and not end.oom_killed:
         return _end(session, NotebookSession.EndReason.INSIDE, gone_at=end.at)
-    if session.state not in NotebookSession.ENDED:
-        session.failure_message = CRASHED.format(cause=end.cause())
-        session.failure_detail = f"exit code {end.exit_code}, OOM killed {end.oom_killed}, finished at {end.at}"
-    return _end(session, NotebookSession.EndReason.CRASHED, failed=True, gone_at=end.at)
+    detail = f"exit code {end.exit_code}, OOM killed {end.oom_killed}, finished at {end.at}"
+    return _failed(session, CRASHED.format(cause=end.cause()), detail, NotebookSession.EndReason.CRASHED, end.at)
 
 
 def _died_at(session: NotebookSession) -> datetime | None:

@@ -49,7 +49,7 @@ class PortalSpawner(DockerSpawner):
     session_id = 0
     _steps: list[tuple[int, str]]
     _starting = False
-    _end: dict[str, Any] = {}
+    _end: dict[str, Any]  # how the container ended, read in stop_object() before it is removed
     # DockerSpawner's traits, typed for our use of them (annotations only: the traits stay).
     network_name: str
     environment: dict[str, Any]
@@ -231,9 +231,11 @@ class PortalSpawner(DockerSpawner):
     async def stop_object(self) -> None:
         await super().stop_object()
         state = await self._container_state() if self.container_id else {}
-        self._end = {"at": state.get("FinishedAt", ""), "exit_code": state.get("ExitCode"), "oom_killed": False}
-        if state:
-            self._end["oom_killed"] = bool(state.get("OOMKilled"))
+        self._end = {
+            "at": state.get("FinishedAt", ""),
+            "exit_code": state.get("ExitCode"),
+            "oom_killed": bool(state.get("OOMKilled")),
+        }
 
     async def stop(self, now: bool = False) -> None:
         session_id = self.session_id  # DockerSpawner clears state when it removes the container

@@ -82,6 +82,12 @@ def stopped(session: NotebookSession, owner: User) -> None:
     wait_for(lambda: state_of(session) == NotebookSession.State.STOPPED, 60, "the session to stop")
 
 
+def default_bridge_gateway(runtime: DockerRuntime) -> list[str]:
+    """The host's address on Docker's default bridge (docker0), as the engine reports it."""
+    configs = runtime.client.networks.get("bridge").attrs.get("IPAM", {}).get("Config") or []
+    return [str(config["Gateway"]) for config in configs if config.get("Gateway")]
+
+
 def service_ports(listener: int) -> dict[str, int]:
     """Every port the portal's processes use on this host (this run's stack), and the engine's TCP ports."""
     database = settings.DATABASES["default"]
@@ -110,7 +116,9 @@ def test_a_notebook_reaches_the_hub_and_nothing_else_of_the_host(
     assert address.startswith(str(user_network.subnet.network_address).rsplit(".", 1)[0] + ".")
 
     ports = service_ports(gateway_listener)
-    targets = [(host, port) for host in ("127.0.0.1", user_network.gateway, "172.17.0.1") for port in ports.values()]
+    # The container's own loopback, our bridge's gateway, and the gateway of the engine's default bridge.
+    hosts = ["127.0.0.1", user_network.gateway, *default_bridge_gateway(runtime)]
+    targets = [(host, port) for host in hosts for port in ports.values()]
     targets.append((user_network.gateway, user_network.hub_port))
     seen = json.loads(runtime.run_in(container_id, ["python3", "-c", PROBE, json.dumps(targets)]))
 
