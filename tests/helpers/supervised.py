@@ -76,7 +76,9 @@ def group_members(pgid: int) -> list[int]:
 
 
 class SupervisedRun:
-    def __init__(self, data: Path, log_path: Path, **extra: str) -> None:
+    def __init__(self, data: Path, log_path: Path, piped: bool = False, **extra: str) -> None:
+        """``piped``: its output goes into a pipe the test holds, as in `make run | tee run.log`."""
+        self.piped = piped
         tag = uuid.uuid4().hex[:8]
         self.data = data
         self.ports = {name: free_port() for name in ("public", "internal", "hub", "proxy_api")}
@@ -108,7 +110,7 @@ class SupervisedRun:
             cwd=ROOT,
             env=self.env,
             stdin=subprocess.DEVNULL,
-            stdout=self.log,
+            stdout=subprocess.PIPE if self.piped else self.log,
             stderr=subprocess.STDOUT,
             start_new_session=True,  # its own process group, as a terminal's Ctrl-C would reach it
         )

@@ -117,32 +117,11 @@ def test_ctrl_c_stops_every_process_and_exits_0(run: SupervisedRun) -> None:
     run.wait_for(lambda: not run.left_behind(), 5, "every process of the run gone")
 
 
-class PipedRun(SupervisedRun):
-    """make run with its output going into a pipe, as in `make run | tee run.log`."""
-
-    def start(self):  # type: ignore[no-untyped-def]
-        import subprocess
-
-        from tests.helpers.supervised import ROOT
-
-        process = subprocess.Popen(
-            [str(ROOT / "compose/bin/run")],
-            cwd=ROOT,
-            env=self.env,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        self.seen_groups.add(process.pid)
-        return process
-
-
 def test_when_the_reader_of_its_output_goes_away_the_run_stops_everything(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> None:
     """Ctrl-C on `make run | tee log` stops tee first; the portal must not run on without anyone watching."""
-    piped = PipedRun(tmp_path_factory.mktemp("piped-run"), LOGS / "make-run-piped.log")
+    piped = SupervisedRun(tmp_path_factory.mktemp("piped-run"), LOGS / "make-run-piped.log", piped=True)
     try:
         piped.ready(timeout=240)
         piped.programs()
