@@ -21,7 +21,8 @@ from django.views.decorators.http import require_GET, require_POST
 
 from sessions.notebooks import services
 from sessions.notebooks.models import NotebookSession, WorkVolume
-from sessions.runtime.docker import HARDENING, NO_IPV6, engine_time, labels_for, limits_for
+from sessions.runtime.slices import spec_for
+from sessions.runtime.times import engine_time
 
 log = logging.getLogger(__name__)
 EVENTS = {"progress", "container_started", "ready", "stopped", "failed"}
@@ -50,23 +51,16 @@ def launch_spec(request: HttpRequest) -> HttpResponse:
 
 
 def spec(session: NotebookSession) -> dict[str, Any]:
+    """The launch spec: the container's spec (the same the Docker adapter applies) and what JupyterLab needs."""
     taken = session.slice
     assert taken is not None
-    limits = limits_for(taken)
-    network = settings.USER_NETWORK
+    labels = {"gpu-portal.session": str(session.pk)}
+    container = spec_for(taken, session.image.image, network=settings.USER_NETWORK.name, labels=labels)
     return {
         "session": session.pk,
-        "image": session.image.image,
-        "device_ids": [taken.device_uuid],
-        "cpus": limits.cpus,
-        "mem_bytes": limits.memory_bytes,
-        "pids": limits.pids,
-        "labels": labels_for(taken, {"gpu-portal.session": str(session.pk)}),
+        "container": container.to_json(),
         "environment": {"GPU_PORTAL_SESSION": str(session.pk), "GPU_PORTAL_SLICE": taken.describe()},
         "volume": WorkVolume.for_owner(session.owner_id).name,
-        "network": network.name,
-        # net.* sysctls belong to a container's own network namespace: none on the host's network.
-        "hardening": {**HARDENING, **({"sysctls": NO_IPV6} if network.isolated else {})},
     }
 
 

@@ -1,8 +1,9 @@
 """Our JupyterHub spawner: DockerSpawner, told by the portal what to run on which GPU slice.
 
 It runs inside the hub's process, so it imports nothing of Django: it asks the
-portal's internal API for the session's launch spec (image, the slice's
-device UUID, limits, labels, volume) and reports the session's moments back.
+portal's internal API for the session's launch spec (the container spec of
+``sessions.runtime.spec``, JupyterLab's environment, the work volume) and
+reports the session's moments back.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ from dockerspawner import DockerSpawner
 from tornado import web
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError
 from traitlets import Float, Integer, Unicode
+
+from sessions.runtime.spec import HOST_NETWORK, ContainerSpec
 
 HOME = "/home/jovyan/work"
 
@@ -73,7 +76,7 @@ class PortalSpawner(DockerSpawner):
         self.session_id = int(state.get("session_id", 0))
         if "port" in state:
             self.port, self.network_name = int(state["port"]), str(state.get("network", self.network_name))
-            self.use_internal_ip = self.network_name != "host"
+            self.use_internal_ip = self.network_name != HOST_NETWORK
 
     def clear_state(self) -> None:
         super().clear_state()
@@ -125,24 +128,22 @@ class PortalSpawner(DockerSpawner):
             raise web.HTTPError(response.status_code, message)
         return dict(response.json())
 
-    def _apply(self, spec: dict[str, Any]) -> None:
-        self.session_id = int(spec["session"])
-        self.image = spec["image"]
-        self.network_name = spec["network"]
-        self.remove = True
-        self.cpu_limit = min(float(spec["cpus"]), float(os.cpu_count() or 1))
-        self.mem_limit = int(spec["mem_bytes"])
-        self.environment = {**self.environment, **spec["environment"]}
-        self.volumes = {spec["volume"]: HOME}
-        self.extra_create_kwargs = {"labels": spec["labels"]}
-        host_config: dict[str, Any] = {
-            "device_requests": [{"driver": "nvidia", "device_ids": spec["device_ids"], "capabilities": [["gpu"]]}],
-            "pids_limit": int(spec["pids"]),
-            # Removed by stop(), not by the engine on exit: the moment it died must be read first (billing).
-            "auto_remove": False,
-            **spec["hardening"],
-        }
-        if self.network_name == "host":
+    def _apply(self, launch: dict[str, Any]) -> None:
+        """The portal's launch spec onto DockerSpawner: the container spec as the portal built it, applied by
+        the same code as the Docker adapter's (ContainerSpec.host_config), plus JupyterLab's environment."""
+        self.session_id = int(launch["session"])
+        spec = ContainerSpec.from_json(launch["container"]).with_cpus_at_most(os.cpu_count())
+        self.image, self.network_name = spec.image, spec.network
+        self.remove = True  # stop() removes it, after stop_object() has read how it ended
+        # The limits are the host config's (NanoCpus); DockerSpawner's cpu_limit would add a CPU period
+        # Docker refuses beside them. JupyterLab still reads them under JupyterHub's names.
+        self.cpu_limit = None
+        limits = {"CPU_LIMIT": str(spec.limits.cpus), "MEM_LIMIT": str(spec.limits.memory_bytes)}
+        self.environment = {**self.environment, **limits, **launch["environment"]}
+        self.volumes = {launch["volume"]: HOME}
+        self.extra_create_kwargs = {"labels": dict(spec.labels)}
+        host_config = spec.host_config()
+        if self.network_name == HOST_NETWORK:
             # One port per server on the host's network; Docker must not publish ports there.
             self.ip, self.port = "127.0.0.1", free_port()
             host_config["port_bindings"] = None
@@ -152,7 +153,7 @@ class PortalSpawner(DockerSpawner):
         self.extra_host_config = host_config
 
     async def get_ip_and_port(self) -> tuple[str, int]:
-        if self.network_name == "host":
+        if self.network_name == HOST_NETWORK:
             return "127.0.0.1", int(self.port)
         ip, port = await super().get_ip_and_port()
         return str(ip), int(port)

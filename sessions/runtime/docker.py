@@ -1,13 +1,12 @@
 """The Docker adapter: the only module that imports ``docker``.
 
-It turns a slice into what the NVIDIA Container Toolkit expects (a device
-request naming the slice's MIG or GPU UUID) plus the limits and labels every
-GPU container gets, and runs, inspects and removes such containers.
+It applies a slice's container spec (``sessions.runtime.spec``: the device
+request the NVIDIA Container Toolkit reads, limits, labels, hardening) to the
+engine, and runs, inspects and removes such containers.
 """
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -15,22 +14,13 @@ from typing import Any
 import docker
 from django.conf import settings
 from docker.errors import DockerException, NotFound
-from docker.types import DeviceRequest, IPAMConfig, IPAMPool
+from docker.types import IPAMConfig, IPAMPool
 
 from sessions.gpus.models import Slice
 from sessions.runtime.network import UserNetwork
-
-LABEL_PREFIX = "gpu-portal"
-# Which portal a container belongs to: a second portal (or test run) on the same engine never touches ours.
-INSTANCE_LABEL = f"{LABEL_PREFIX}.instance"
-GIB = 1024**3
-# What every user container runs with: no privilege gain, no capabilities (its user is not root anyway),
-# and no IPv6, which the bridge's firewall does not route.
-HARDENING: dict[str, Any] = {
-    "security_opt": ["no-new-privileges:true"],
-    "cap_drop": ["ALL"],
-}
-NO_IPV6 = {"net.ipv6.conf.all.disable_ipv6": "1", "net.ipv6.conf.default.disable_ipv6": "1"}
+from sessions.runtime.slices import spec_for
+from sessions.runtime.spec import INSTANCE_LABEL, LABEL_PREFIX, ContainerSpec
+from sessions.runtime.times import engine_time
 
 
 class RuntimeError_(RuntimeError):
@@ -45,73 +35,14 @@ class ContainerState:
     oom_killed: bool = False
 
 
-RFC3339 = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.(\d+))?(Z|[+-]\d\d:\d\d)$")
-
-
-def engine_time(text: str) -> datetime | None:
-    """Docker's RFC 3339 times, which carry nanoseconds; 0001-01-01 means 'never'. ValueError if malformed."""
-    if not text or text.startswith("0001-"):
-        return None
-    found = RFC3339.match(text)
-    if found is None:
-        raise ValueError(f"not an RFC 3339 time: {text[:40]!r}")
-    head, fraction, zone = found.groups()
-    offset = "+00:00" if zone == "Z" else zone
-    return datetime.fromisoformat(f"{head}.{(fraction or '0')[:6]:0<6}{offset}")
-
-
-@dataclass(frozen=True)
-class Limits:
-    cpus: float
-    memory_bytes: int
-    pids: int
-
-
-def limits_for(taken: Slice, host_cpus: int | None = None) -> Limits:
-    """Host CPU and memory in proportion to the slice: a bigger GPU share gets more of the host."""
-    cpus = max(1.0, taken.compute_slices * float(settings.CPUS_PER_COMPUTE_SLICE))
-    if host_cpus:
-        cpus = min(cpus, float(host_cpus))
-    memory = max(4 * GIB, int(taken.memory_gib * settings.HOST_MEMORY_PER_GPU_GIB * GIB))
-    return Limits(cpus=cpus, memory_bytes=memory, pids=int(settings.CONTAINER_PIDS_LIMIT))
-
-
 def ours(*labels: str) -> dict[str, list[str]]:
     """A Docker filter for this portal's containers carrying these labels."""
     return {"label": [f"{INSTANCE_LABEL}={settings.INSTANCE_ID}", *labels]}
 
 
-def device_request(taken: Slice) -> DeviceRequest:
-    return DeviceRequest(driver="nvidia", device_ids=[taken.device_uuid], capabilities=[["gpu"]])
-
-
-def labels_for(taken: Slice, extra: dict[str, str] | None = None) -> dict[str, str]:
-    labels = {
-        INSTANCE_LABEL: settings.INSTANCE_ID,
-        f"{LABEL_PREFIX}.slice": str(taken.pk),
-        f"{LABEL_PREFIX}.gpu": taken.gpu.uuid,
-        f"{LABEL_PREFIX}.device": taken.device_uuid,
-        f"{LABEL_PREFIX}.owner": str(taken.owner_id),
-        f"{LABEL_PREFIX}.holder": taken.holder,
-    }
-    return {**labels, **(extra or {})}
-
-
-def container_options(taken: Slice, image: str, host_cpus: int | None = None, **overrides: Any) -> dict[str, Any]:
-    """Keyword arguments for ``containers.create``: device, limits, labels and safe defaults."""
-    limits = limits_for(taken, host_cpus)
-    options: dict[str, Any] = {
-        "image": image,
-        "device_requests": [device_request(taken)],
-        "labels": labels_for(taken, overrides.pop("labels", None)),
-        "nano_cpus": int(limits.cpus * 1e9),
-        "mem_limit": limits.memory_bytes,
-        "pids_limit": limits.pids,
-        **HARDENING,
-        # Render jobs and other batch work get no network at all: an uploaded scene is hostile.
-        "network_mode": "none",
-        "detach": True,
-    }
+def container_options(spec: ContainerSpec, **overrides: Any) -> dict[str, Any]:
+    """Keyword arguments for ``containers.create``: the spec's device, limits, labels and hardening."""
+    options: dict[str, Any] = {"image": spec.image, "labels": dict(spec.labels), "detach": True, **spec.host_config()}
     options.update(overrides)
     return options
 
@@ -124,10 +55,13 @@ class DockerRuntime:
             raise RuntimeError_(f"cannot reach the Docker engine: {error}") from None
         self._host_cpus: int | None = None
 
-    def start_for_slice(self, taken: Slice, image: str, **overrides: Any) -> str:
-        """Create and start a container on the slice; returns its id."""
+    def start_for_slice(
+        self, taken: Slice, image: str, *, labels: dict[str, str] | None = None, **overrides: Any
+    ) -> str:
+        """Create and start a container on the slice (no network: batch work); returns its id."""
         try:
-            options = container_options(taken, image, host_cpus=self.host_cpus(), **overrides)
+            spec = spec_for(taken, image, labels=labels, host_cpus=self.host_cpus())
+            options = container_options(spec, **overrides)
             container = self.client.containers.create(**options)
             container.start()
         except DockerException as error:

@@ -9,7 +9,8 @@ from django.contrib.auth.models import User
 
 from sessions.gpus.allocator import SliceRequest, allocate
 from sessions.gpus.models import Slice
-from sessions.runtime.docker import DockerRuntime, limits_for
+from sessions.runtime.docker import DockerRuntime
+from sessions.runtime.slices import limits_for
 from tests.gpus.conftest import FleetMaker
 
 pytestmark = pytest.mark.docker
@@ -91,8 +92,8 @@ def test_a_busy_container_makes_its_simulated_slice_busy(
     idle = allocate(many_slices, SliceRequest(kind="mig", profile="1g.18gb"), holder="notebook:2")
     spin = ["sh", "-c", "while :; do :; done"]
     for taken, command in ((busy, spin), (idle, ["sleep", "60"])):
-        options = {"command": command, "nano_cpus": int(1e9)}
-        runtime.started.append(runtime.start_for_slice(taken, IMAGE, **options))  # type: ignore[attr-defined]
+        started = runtime.start_for_slice(taken, IMAGE, command=command, nano_cpus=int(1e9))
+        runtime.started.append(started)  # type: ignore[attr-defined]
     activity = Activity(runtime.cpu_by_device)
     activity.refresh()
     time.sleep(2)

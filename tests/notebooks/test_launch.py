@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import os
 import time
 import uuid
 
 import pytest
 import requests
+from django.conf import settings
 from django.contrib.auth.models import User
 from django.utils import timezone
 
@@ -15,7 +17,10 @@ from sessions.gpus.models import Slice
 from sessions.notebooks.hub import Hub, HubError, ServerStatus
 from sessions.notebooks.models import NotebookImage, NotebookSession
 from sessions.notebooks.services import Launch, start_session, stop_session
-from sessions.runtime.docker import DockerRuntime, engine_time
+from sessions.runtime.docker import DockerRuntime
+from sessions.runtime.slices import spec_for
+from sessions.runtime.spec import NO_IPV6
+from sessions.runtime.times import engine_time
 from sessions.tasks import reconcile_sessions
 from tests.conftest import HubStack
 from tests.helpers.waiting import state_of, wait_for
@@ -42,6 +47,22 @@ def test_a_session_runs_jupyterlab_on_its_own_slice_and_stops_cleanly(
     devices = [line for line in env.splitlines() if line.startswith("NVIDIA_VISIBLE_DEVICES=")]
     assert devices == [f"NVIDIA_VISIBLE_DEVICES={session.slice.device_uuid}"]
     assert runtime.run_in(container_id, ["id", "-u"]).strip() == "1000"
+    # The spawner applied the portal's container spec, as the Docker adapter applies it to batch work.
+    attrs = runtime.client.containers.get(container_id).attrs
+    spec = spec_for(session.slice, notebook_image.image, network=settings.USER_NETWORK.name)
+    limits = spec.with_cpus_at_most(os.cpu_count()).limits
+    host = attrs["HostConfig"]
+    assert (host["NanoCpus"], host["Memory"], host["PidsLimit"]) == (
+        int(limits.cpus * 1e9),
+        limits.memory_bytes,
+        limits.pids,
+    )
+    assert host["SecurityOpt"] == ["no-new-privileges:true"] and host["CapDrop"] == ["ALL"]
+    assert host["Sysctls"] == NO_IPV6 and host["AutoRemove"] is False
+    assert host["DeviceRequests"][0]["DeviceIDs"] == [session.slice.device_uuid]
+    labels = attrs["Config"]["Labels"]
+    assert labels["gpu-portal.instance"] == settings.INSTANCE_ID and labels["gpu-portal.session"] == str(session.pk)
+    assert {f"CPU_LIMIT={limits.cpus}", f"MEM_LIMIT={limits.memory_bytes}"} <= set(attrs["Config"]["Env"])
 
     status = Hub().servers("alice")["lab-1"]
     assert status.ready

@@ -47,7 +47,8 @@ def test_an_orphan_slice_that_cannot_be_freed_does_not_stop_the_others(settings,
 def test_reconciliation_leaves_another_portals_containers_alone(docker_engine: str, settings) -> None:  # type: ignore[no-untyped-def]
     """Two portals (or test runs) on one engine: each removes only the strays it labelled itself."""
     from sessions.notebooks.reconcile import reconcile
-    from sessions.runtime.docker import INSTANCE_LABEL, DockerRuntime
+    from sessions.runtime.docker import DockerRuntime
+    from sessions.runtime.spec import INSTANCE_LABEL
 
     runtime = DockerRuntime()
     labels = {"gpu-portal.session": "999003"}  # a session number this database does not have

@@ -165,8 +165,8 @@ def test_the_launch_spec_is_only_for_the_hub_and_only_for_a_starting_session(
     assert Client(HTTP_AUTHORIZATION="Bearer forged").get("/internal/notebooks/launch-spec", query).status_code == 403
     spec = hub_client().get("/internal/notebooks/launch-spec", query).json()
     assert spec["session"] == session.pk
-    assert spec["device_ids"] == [session.slice.device_uuid]  # type: ignore[union-attr]
-    assert spec["image"] == "gpu-portal/notebook:latest"
+    assert spec["container"]["device_ids"] == [session.slice.device_uuid]  # type: ignore[union-attr]
+    assert spec["container"]["image"] == "gpu-portal/notebook:latest"
     for other in ({"user": "bob", "server": "lab"}, {"user": "alice", "server": "other"}):
         answer = hub_client().get("/internal/notebooks/launch-spec", other)
         assert answer.status_code == 404
