@@ -30,8 +30,10 @@ CLOCK_SLACK = timedelta(seconds=5)  # the engine and the portal share a host's c
 
 
 def _from_hub(request: HttpRequest) -> bool:
-    given = request.headers.get("Authorization", "").removeprefix("Bearer ").strip()
-    return bool(given) and hmac.compare_digest(given, settings.HUB_SERVICE_TOKEN)
+    scheme, _, given = request.headers.get("Authorization", "").partition(" ")
+    # As bytes: compare_digest refuses non-ASCII text, and a header may carry anything.
+    offered, expected = given.strip().encode(errors="replace"), settings.HUB_SERVICE_TOKEN.encode()
+    return scheme == "Bearer" and bool(offered) and hmac.compare_digest(offered, expected)
 
 
 def _refuse(status: int, error: str) -> JsonResponse:

@@ -173,6 +173,17 @@ def test_the_launch_spec_is_only_for_the_hub_and_only_for_a_starting_session(
         assert "start sessions from the portal" in answer.json()["error"]
 
 
+@pytest.mark.parametrize("header", ["Bearer t\u00f6ken", "Bearer \u2603", "t\u00f6ken", "Basic abc"])
+def test_a_forged_or_non_ascii_bearer_token_is_refused_not_a_server_error(
+    notebook_image: NotebookImage, alice: User, header: str
+) -> None:
+    launch(alice, notebook_image)
+    client = Client(HTTP_AUTHORIZATION=header, raise_request_exception=False)
+    assert client.get("/internal/notebooks/launch-spec", {"user": "alice", "server": "lab"}).status_code == 403
+    body = json.dumps({"session": 1, "event": "ready"})
+    assert client.post("/internal/notebooks/events", body, content_type="application/json").status_code == 403
+
+
 def test_events_with_bad_bodies_get_clear_errors(notebook_image: NotebookImage, alice: User) -> None:
     session = launch(alice, notebook_image)
     post = hub_client().post
