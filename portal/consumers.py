@@ -29,7 +29,7 @@ class NotificationConsumer(AsyncJsonWebsocketConsumer):
             await self.accept()
             await self.close(code=CLOSE_UNAUTHENTICATED)
             return
-        self.group_name = push.user_group(user.pk)
+        self.group_name = push.notice_group(user.pk)
         await self.channel_layer.group_add(self.group_name, self.channel_name)
         await self.accept()
 

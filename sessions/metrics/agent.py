@@ -20,21 +20,13 @@ from typing import Any, TypeVar
 
 import redis
 import redis.asyncio as aioredis
-from channels.layers import get_channel_layer
 from django.conf import settings
 from django.db import close_old_connections, connections
 
+from portal import push
 from sessions.gpus.backends.base import GpuBackend
 from sessions.metrics import history
-from sessions.metrics.frames import (
-    FLEET_GROUP,
-    Holders,
-    dumps,
-    fleet_frame,
-    load_holders,
-    personal_frames,
-    user_group,
-)
+from sessions.metrics.frames import Holders, dumps, fleet_frame, load_holders, personal_frames
 from sessions.metrics.models import GpuMinute
 
 log = logging.getLogger(__name__)
@@ -115,7 +107,7 @@ class Agent:
         self.redis: aioredis.Redis | None = None
 
     async def run(self, ticks: int | None = None) -> None:
-        self.layer = get_channel_layer("metrics")
+        self.layer = push.metrics_layer()
         self.redis = aioredis.from_url(settings.REDIS_URL, socket_timeout=PUBLISH_TIMEOUT_S)
         log.info("agent %s: sampling every %.2f s", self.name, self.interval_s)
         next_at = time.monotonic()
@@ -176,14 +168,11 @@ class Agent:
 
     async def _publish(self, frame: dict[str, Any]) -> None:
         text = dumps(frame)
-        sends = [self.layer.group_send(FLEET_GROUP, _message(text, frame["t"], self.name))]
-        for owner, personal in personal_frames(frame, self.holders).items():
-            message = _message(dumps(personal), frame["t"], self.name)
-            sends.append(self.layer.group_send(user_group(owner), message))
+        personal = {owner: dumps(mine) for owner, mine in personal_frames(frame, self.holders).items()}
         assert self.redis is not None
         try:
             async with asyncio.timeout(PUBLISH_TIMEOUT_S):
-                await asyncio.gather(*sends)
+                await push.publish_frames(self.layer, text, personal, frame["t"], self.name)
                 await self.redis.hset(latest_key(), self.name, text)
                 await self.redis.expire(latest_key(), LATEST_TTL_S)
         except Exception as error:
@@ -216,7 +205,3 @@ class Agent:
         if what in self.failing:
             log.info("agent %s: %s is back", self.name, what)
             self.failing.discard(what)
-
-
-def _message(text: str, t: float, agent: str) -> dict[str, Any]:
-    return {"type": "metrics.frame", "text": text, "t": t, "agent": agent}

@@ -25,8 +25,8 @@ from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
 
+from portal import push
 from sessions.metrics.agent import latest_key
-from sessions.metrics.frames import FLEET_GROUP, user_group
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +37,7 @@ STALE_AFTER_S = 3.0
 
 
 class MetricsConsumer(AsyncWebsocketConsumer):
-    channel_layer_alias = "metrics"
+    channel_layer_alias = push.METRICS_LAYER
     open_per_user: ClassVar[Counter[int]] = Counter()  # this process's open metric sockets per person
 
     group_name: str | None = None
@@ -67,7 +67,7 @@ class MetricsConsumer(AsyncWebsocketConsumer):
         self.counted_user = user.pk
         self.group_name = group
         await self.channel_layer.group_add(group, self.channel_name)
-        if group == FLEET_GROUP:
+        if group == push.fleet_metrics_group():
             await self._send_latest()
 
     async def _group_for(self, user: Any) -> str | None:
@@ -76,10 +76,10 @@ class MetricsConsumer(AsyncWebsocketConsumer):
             owner = await _session_owner(kwargs["session_id"])
             if owner is None or (owner != user.pk and not user.is_staff):
                 return None
-            return user_group(owner)
+            return push.user_metrics_group(owner)
         if kwargs.get("stream") == "fleet":
-            return FLEET_GROUP if user.is_staff else None
-        return user_group(user.pk)
+            return push.fleet_metrics_group() if user.is_staff else None
+        return push.user_metrics_group(user.pk)
 
     async def _send_latest(self) -> None:
         """The newest fleet frames at once, so a page has tiles before the next tick."""
@@ -107,7 +107,7 @@ class MetricsConsumer(AsyncWebsocketConsumer):
     async def dispatch(self, message: dict[str, Any]) -> None:
         # Frames skip channels' per-message hop to a thread that closes old DB connections:
         # forwarding touches no database, and at 1 Hz x hundreds of sockets the hop is the cost.
-        if message["type"] == "metrics.frame":
+        if message["type"] == push.METRICS_FRAME:
             await self.metrics_frame(message)
             return
         await super().dispatch(message)

@@ -29,12 +29,6 @@ from typing import Any
 
 from sessions.gpus.backends.base import GpuSample
 
-FLEET_GROUP = "metrics.fleet"
-
-
-def user_group(user_id: int) -> str:
-    return f"metrics.user.{user_id}"
-
 
 @dataclass(frozen=True)
 class Holder:

@@ -17,29 +17,9 @@
     {key: "power", label: "Power", unit: "W", color: "#d97706"}
   ];
 
-  function socketUrl(path) {
-    return (window.location.protocol === "https:" ? "wss://" : "ws://") + window.location.host + path;
-  }
-
-  // A websocket that comes back by itself after a dropped connection or a server restart.
+  // Frames over the portal's one reconnecting websocket (static/js/portal.js).
   function live(path, onFrame, onState) {
-    var delay = 1000;
-    function connect() {
-      var socket = new WebSocket(socketUrl(path));
-      socket.onopen = function () { delay = 1000; onState("live"); };
-      socket.onmessage = function (event) {
-        var frame;
-        try { frame = JSON.parse(event.data); } catch (error) { return; }
-        if (frame.kind) { onFrame(frame); }
-      };
-      socket.onclose = function (event) {
-        if (event.code === 4401 || event.code === 4403) { onState(event.code === 4401 ? "logged-out" : "forbidden"); return; }
-        onState("reconnecting");
-        window.setTimeout(connect, delay);
-        delay = Math.min(delay * 2, 15000);
-      };
-    }
-    connect();
+    window.Portal.liveSocket(path, function (frame) { if (frame.kind) { onFrame(frame); } }, onState);
   }
 
   // An element with a class and children (nodes, strings or lists of them). Strings become
@@ -233,7 +213,7 @@
   }
 
   function startCharts() {
-    if (!window.uPlot || !window.WebSocket) { return; }
+    if (!window.uPlot || !window.WebSocket || !window.Portal) { return; }
     document.querySelectorAll("[data-live-session]").forEach(function (box) {
       if (!box.dataset.started) { box.dataset.started = "1"; sessionCharts(box); }
     });
@@ -243,7 +223,7 @@
     startCharts();
     if (window.uPlot) { document.querySelectorAll("[data-history]").forEach(historyChart); }
     var tiles = document.getElementById("fleet-tiles");
-    if (tiles && window.WebSocket) { fleetTiles(tiles); }
+    if (tiles && window.WebSocket && window.Portal) { fleetTiles(tiles); }
   }
   // Session cards are swapped by htmx; their chart boxes are kept (hx-preserve), new ones start here.
   document.addEventListener("htmx:afterSettle", startCharts);

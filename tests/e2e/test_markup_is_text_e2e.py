@@ -20,18 +20,18 @@ from typing import Any
 
 import pytest
 import redis
-from channels.layers import get_channel_layer
 from django.conf import settings
 from django.contrib.auth.models import User
 from django.utils import timezone
 from playwright.sync_api import Page, expect
 
+from portal import push
 from portal.models import WorkerHeartbeat
 from portal.roles import OPERATORS, USERS
 from sessions.gpus.allocator import SliceRequest, allocate
 from sessions.gpus.models import Gpu, GpuHost
 from sessions.metrics.agent import LATEST_TTL_S, latest_key
-from sessions.metrics.frames import FLEET_GROUP, dumps, user_group
+from sessions.metrics.frames import dumps
 from sessions.notebooks.models import NotebookImage, NotebookSession
 from tests.conftest import ARTIFACTS
 from tests.e2e.conftest import SCREENSHOTS, log_in
@@ -176,13 +176,10 @@ class Publisher:
         self.thread = threading.Thread(target=lambda: asyncio.run(self._run()), daemon=True)
 
     async def _run(self) -> None:
-        layer = get_channel_layer("metrics")
-        assert layer is not None
+        layer = push.metrics_layer()
         while not self.stopping.is_set():
             self.frame["t"] = time.time()
-            await layer.group_send(
-                self.group, {"type": "metrics.frame", "text": dumps(self.frame), "t": self.frame["t"]}
-            )
+            await push.publish_frame(layer, self.group, dumps(self.frame), self.frame["t"], "test")
             await asyncio.sleep(0.25)
         await layer.flush()
 
@@ -260,7 +257,7 @@ def test_markup_in_live_frames_shows_as_text_on_the_live_fleet(
     store.expire(latest_key(), LATEST_TTL_S)
     watch = PageWatch.on(page)
     log_in(page, portal_server, "charlie")
-    with Publisher(FLEET_GROUP, hostile_fleet_frame("published")):
+    with Publisher(push.fleet_metrics_group(), hostile_fleet_frame("published")):
         page.goto(portal_server + "/sessions/fleet/live/")
         tiles = page.locator("#fleet-tiles")
         # The agent's own frames carry the database's host name, the holder and its owner's name.
@@ -280,7 +277,7 @@ def test_markup_in_a_personal_frame_runs_nothing_on_a_session_page(
     device.update(profile=script("profile"), util=img("util"), mem_used=script("mem"), temp=None, power=12.5)
     watch = PageWatch.on(page)
     log_in(page, portal_server, "alice")
-    with Publisher(user_group(alice.pk), {"kind": "mine", "t": 0, "devices": [device]}):
+    with Publisher(push.user_metrics_group(alice.pk), {"kind": "mine", "t": 0, "devices": [device]}):
         page.goto(f"{portal_server}/sessions/{session}/")
         charts = page.locator("[data-live-session]")
         page.wait_for_function("() => Number(document.querySelector('[data-live-session]').dataset.points || 0) >= 2")

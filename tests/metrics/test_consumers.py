@@ -7,11 +7,10 @@ import time
 
 import pytest
 from channels.db import database_sync_to_async
-from channels.layers import get_channel_layer
 from django.contrib.auth.models import User
 
+from portal import push
 from sessions.gpus.allocator import SliceRequest
-from sessions.metrics.frames import FLEET_GROUP, user_group
 from sessions.notebooks.models import NotebookImage, NotebookSession
 from sessions.notebooks.services import Launch, start_session
 from tests.helpers.websockets import open_socket
@@ -21,9 +20,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 async def send_frame(group: str, frame: dict[str, object], age_s: float = 0.0) -> None:
     t = time.time() - age_s
-    await get_channel_layer("metrics").group_send(
-        group, {"type": "metrics.frame", "text": json.dumps({**frame, "t": t}), "t": t}
-    )
+    await push.publish_frame(push.metrics_layer(), group, json.dumps({**frame, "t": t}), t, "test")
 
 
 async def a_session(user: User, image: NotebookImage, name: str) -> NotebookSession:
@@ -39,7 +36,7 @@ async def test_nobody_logged_out_and_no_non_staff_watch_the_fleet(alice: User, s
     assert (open_, code) == (False, 4403)
     socket, open_, _ = await open_socket("/ws/metrics/fleet/", staff)
     assert open_
-    await send_frame(FLEET_GROUP, {"kind": "fleet", "gpus": []})
+    await send_frame(push.fleet_metrics_group(), {"kind": "fleet", "gpus": []})
     assert json.loads(await socket.receive_from(timeout=5))["kind"] == "fleet"
     await socket.disconnect()
 
@@ -57,7 +54,9 @@ async def test_a_session_stream_is_for_its_owner_and_staff_only(
     staff_socket, staff_open, _ = await open_socket(path, staff)
     bob_socket, _, _ = await open_socket("/ws/metrics/mine/", bob)
     assert open_ and staff_open
-    await send_frame(user_group(alice.pk), {"kind": "mine", "devices": [{"session": session.pk, "util": 50}]})
+    await send_frame(
+        push.user_metrics_group(alice.pk), {"kind": "mine", "devices": [{"session": session.pk, "util": 50}]}
+    )
     for socket in (alice_socket, staff_socket):
         assert json.loads(await socket.receive_from(timeout=5))["devices"][0]["session"] == session.pk
     assert await bob_socket.receive_nothing(timeout=0.5), "bob's own stream carries nothing of alice's"
@@ -77,8 +76,8 @@ async def test_bad_messages_get_an_error_and_ping_a_pong(alice: User) -> None:
 
 async def test_stale_frames_are_dropped_not_sent_late(alice: User) -> None:
     socket, _, _ = await open_socket("/ws/metrics/mine/", alice)
-    await send_frame(user_group(alice.pk), {"kind": "mine", "devices": [], "n": 1}, age_s=10)
-    await send_frame(user_group(alice.pk), {"kind": "mine", "devices": [], "n": 2})
+    await send_frame(push.user_metrics_group(alice.pk), {"kind": "mine", "devices": [], "n": 1}, age_s=10)
+    await send_frame(push.user_metrics_group(alice.pk), {"kind": "mine", "devices": [], "n": 2})
     assert json.loads(await socket.receive_from(timeout=5))["n"] == 2
     await socket.send_to(text_data=json.dumps({"type": "ping"}))
     assert json.loads(await socket.receive_from(timeout=5)) == {"type": "pong", "dropped": 1}
@@ -126,11 +125,9 @@ async def test_a_frame_sent_on_connecting_is_not_sent_again_through_the_group(st
         socket = WebsocketCommunicator(application, "/ws/metrics/fleet/", headers=headers)
         assert (await socket.connect(timeout=5))[0]
         assert json.loads(await socket.receive_from(timeout=5))["t"] == t  # on connecting
-        layer = get_channel_layer("metrics")
-        message = {"type": "metrics.frame", "text": dumps(frame), "t": t, "agent": "dedupe"}
-        await layer.group_send(FLEET_GROUP, message)  # the same tick, late
-        newer = {**frame, "t": t + 1}
-        await layer.group_send(FLEET_GROUP, {**message, "text": dumps(newer), "t": t + 1})
+        layer = push.metrics_layer()
+        await push.publish_frames(layer, dumps(frame), {}, t, "dedupe")  # the same tick, late
+        await push.publish_frames(layer, dumps({**frame, "t": t + 1}), {}, t + 1, "dedupe")
         assert json.loads(await socket.receive_from(timeout=5))["t"] == t + 1  # the next one, not a repeat
         assert await socket.receive_nothing(timeout=0.5)
         await socket.disconnect()
