@@ -1,0 +1,54 @@
+"""What people ask for on each GPU model: the demand the placement rule weighs layouts by.
+
+Learned from the profiles of the MIG slices allocated in the last ``WINDOW``,
+with the prior as the start (``placement.learned``), and kept in this process
+for ``REFRESH_SECONDS`` so a launch does not pay a query.
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import datetime, timedelta
+
+from django.db.models import Count
+from django.utils import timezone
+
+from sessions.gpus import catalog, placement
+from sessions.gpus.models import Slice
+from sessions.gpus.placement import Demand
+
+WINDOW = timedelta(days=14)  # long enough for a quiet model to have a mix, short enough to follow a change
+REFRESH_SECONDS = 60.0
+
+_kept: dict[str, tuple[float, Demand]] = {}  # model name -> (monotonic moment it goes stale, demand)
+
+
+def for_model(model_name: str) -> Demand:
+    """The demand for a catalog model's MIG profiles as recently seen, at most ``REFRESH_SECONDS`` old."""
+    now = time.monotonic()
+    kept = _kept.get(model_name)
+    if kept is not None and now < kept[0]:
+        return kept[1]
+    demand = placement.learned(catalog.model(model_name), requested(model_name))
+    _kept[model_name] = (now + REFRESH_SECONDS, demand)
+    return demand
+
+
+def requested(model_name: str, since: datetime | None = None) -> dict[str, int]:
+    """How many MIG slices of each profile were allocated on this model's GPUs since ``since`` (default: a window ago).
+
+    Released slices count as much as held ones: they were asked for all the same.
+    """
+    since = since or timezone.now() - WINDOW
+    rows = (
+        Slice.objects.filter(kind=Slice.Kind.MIG, gpu__model_name=model_name, allocated_at__gte=since)
+        .values_list("profile")
+        .annotate(count=Count("id"))
+        .order_by()
+    )
+    return dict(rows)
+
+
+def forget() -> None:
+    """Drop what this process keeps, so the next call for each model reads the slices again."""
+    _kept.clear()
