@@ -276,7 +276,7 @@ _UNSEEN = (-1, 0.0)  # no layout's answer: a start is never negative
 MEMO_LAYOUTS = 8192  # a model reaches ~1,100 layouts: more are off-table ones piling up, so start again
 
 
-@lru_cache(maxsize=256)  # a few models times their profiles times the demands of the last while
+@lru_cache(maxsize=64)  # models times profiles for this minute's demands; at most ~1,100 layouts each
 def _best_starts(gpu_model: GpuModel, profile: Profile, demand: Demand) -> dict[Layout, tuple[int, float] | None]:
     # Answers by layout, filled as layouts are asked about: choose looks each candidate up in
     # this one dict instead of hashing (model, layout, profile, demand) for each.
