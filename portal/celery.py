@@ -1,32 +1,54 @@
-"""The Celery app: Redis broker, tasks found in every installed app.
+"""The Celery app: Redis broker; tasks found beside the services they call.
 
-The beat schedule lives here and only here (issues add entries to it).
+Each app keeps its tasks in ``tasks.py`` modules next to its services
+(``sessions/notebooks/tasks.py``, ``sessions/gpus/tasks.py`` ...); the worker
+imports every such module of the project's own apps. The beat schedule lives
+here and only here (issues add entries to it).
 """
 
 import os
+from pathlib import Path
 from typing import Any
 
 from celery import Celery
 from celery.signals import worker_ready
+from django.apps import apps
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "portal.settings")
+ROOT = Path(__file__).resolve().parents[1]
 
 app = Celery("portal")
 app.config_from_object("django.conf:settings", namespace="CELERY")
+
+
+def task_packages() -> list[str]:
+    """Every package of the project's own apps that holds a ``tasks`` module (read once the apps are loaded)."""
+    packages = []
+    for config in apps.get_app_configs():
+        folder = Path(config.path)
+        if folder.parent != ROOT:
+            continue  # Django's and installed packages' apps: the plain autodiscovery below covers them
+        for module in sorted(folder.rglob("tasks.py")):
+            packages.append(".".join((config.name, *module.parent.relative_to(folder).parts)))
+    return packages
+
+
 app.autodiscover_tasks()
+app.autodiscover_tasks(task_packages)
 
 app.conf.beat_schedule = {
     "portal-heartbeat": {"task": "portal.tasks.record_heartbeat", "schedule": 60.0},
-    "sync-gpus": {"task": "sessions.tasks.sync_gpus", "schedule": 300.0},
-    "reconcile-sessions": {"task": "sessions.tasks.reconcile_sessions", "schedule": 20.0},
-    "cull-idle-sessions": {"task": "sessions.tasks.cull_idle_sessions", "schedule": 60.0},
-    "prune-gpu-history": {"task": "sessions.tasks.prune_gpu_history", "schedule": 3600.0},
+    "sync-gpus": {"task": "sessions.gpus.tasks.sync_gpus", "schedule": 300.0},
+    "reconcile-sessions": {"task": "sessions.notebooks.tasks.reconcile_sessions", "schedule": 20.0},
+    "cull-idle-sessions": {"task": "sessions.notebooks.tasks.cull_idle_sessions", "schedule": 60.0},
+    "prune-gpu-history": {"task": "sessions.metrics.tasks.prune_gpu_history", "schedule": 3600.0},
 }
 
 
 @worker_ready.connect
 def announce_worker(**kwargs: Any) -> None:
     """Report in at start, so staff need not wait for beat's first minute."""
+    # Imported here: this module is loaded with the settings, before the models can be.
     from portal.tasks import record_heartbeat
 
     record_heartbeat.delay()

@@ -20,6 +20,7 @@ from django.utils.dateparse import parse_datetime
 
 from portal import push
 from sessions.metrics.history import last_busy_minutes
+from sessions.notebooks.hub import Hub, HubError
 from sessions.notebooks.models import NotebookSession
 from sessions.notebooks.services import stop_session
 
@@ -79,10 +80,14 @@ def _warn(session: NotebookSession, now: datetime, text: str) -> None:
     push.notify_user(session.owner_id, {"type": "session.warning", "session": session.pk, "text": text})
 
 
+def cull_running(now: datetime | None = None) -> dict[str, int]:
+    """One round of culling (the beat's, every minute): what the hub saw of each running session, then cull()."""
+    running = NotebookSession.objects.filter(state=NotebookSession.State.RUNNING).select_related("owner")
+    return cull(hub_activity(list(running)), now=now)
+
+
 def hub_activity(sessions: list[NotebookSession]) -> dict[int, datetime | None]:
     """Each session's last activity as the hub reports it (one call per person)."""
-    from sessions.notebooks.hub import Hub, HubError
-
     hub, found = Hub(), {}
     for username in {session.owner.get_username() for session in sessions}:
         try:

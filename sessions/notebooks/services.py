@@ -16,14 +16,21 @@ from django.contrib.auth.models import User
 from django.db import transaction
 from django.utils import timezone
 
+from portal import push
+from portal.celery import app as celery_app
 from portal.roles import can_launch, launch_refusal
 from sessions.gpus.allocator import AllocationRefused, SliceRequest, allocate, release
+from sessions.notebooks.hub import Hub, HubError, HubUnavailable
 from sessions.notebooks.models import NotebookImage, NotebookSession
+from sessions.runtime.docker import DockerRuntime, RuntimeError_
 
 log = logging.getLogger(__name__)
 NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,38}$")
 State = NotebookSession.State
 MAX_RETRY_PAUSE_S = 30
+# The Celery task that asks the hub (sessions.notebooks.tasks registers it under this name): enqueued by
+# name, because the tasks module imports this one.
+START_NOTEBOOK = "sessions.notebooks.tasks.start_notebook"
 SIGKILL_EXIT = 137
 # What owners read when something went wrong: words, never an exception's text (that goes to failure_detail).
 WAITING_FOR_HUB = "Waiting for the notebook service to answer"
@@ -87,8 +94,6 @@ def start_session(owner: User, launch: Launch) -> NotebookSession:
 
 def _announce(session: NotebookSession) -> None:
     """Tell the owner's open pages, once the change is committed, that a session changed."""
-    from portal import push
-
     payload = {"type": "session.changed", "session": session.pk, "state": session.state}
     # robust: a notice that cannot be sent must never undo or fail a state change.
     transaction.on_commit(lambda: push.notify_user(session.owner_id, payload), robust=True)
@@ -105,9 +110,7 @@ def _check_session_limits(owner: User, server_name: str) -> None:
 
 
 def _enqueue_start(session_id: int) -> None:
-    from sessions.tasks import start_notebook
-
-    start_notebook.delay(session_id)
+    celery_app.send_task(START_NOTEBOOK, args=[session_id])
 
 
 def ask_hub_to_start(session_id: int, attempt: int = 0) -> float | None:
@@ -117,8 +120,6 @@ def ask_hub_to_start(session_id: int, attempt: int = 0) -> float | None:
     PORTAL_HUB_START_PATIENCE_SECONDS from the request; returns the seconds to wait before the
     next try, or None when there is nothing more to do.
     """
-    from sessions.notebooks.hub import Hub, HubError, HubUnavailable
-
     session = NotebookSession.objects.select_related("owner").get(pk=session_id)
     if session.state != State.STARTING:
         return None
@@ -201,8 +202,6 @@ def stop_session(session_id: int, by: User | None, reason: str = NotebookSession
         session.state, session.ended_reason = State.STOPPING, reason
         session.save(update_fields=["state", "ended_reason"])
         _announce(session)
-    from sessions.notebooks.hub import Hub, HubError
-
     try:
         Hub().stop_server(session.owner.get_username(), session.server_name)
     except HubError as error:
@@ -272,8 +271,6 @@ def _container_ended(session: NotebookSession, end: ContainerEnd) -> NotebookSes
 
 def _died_at(session: NotebookSession) -> datetime | None:
     """When the engine saw the container die, for an end reported without the moment (it was removed)."""
-    from sessions.runtime.docker import DockerRuntime, RuntimeError_
-
     assert session.container_started_at is not None
     try:
         return DockerRuntime().died_at(session.pk, since=session.container_started_at)
@@ -283,8 +280,6 @@ def _died_at(session: NotebookSession) -> datetime | None:
 
 
 def _forget_server(session_id: int) -> None:
-    from sessions.notebooks.hub import Hub, HubError
-
     session = NotebookSession.objects.select_related("owner").get(pk=session_id)
     try:
         Hub().stop_server(session.owner.get_username(), session.server_name)

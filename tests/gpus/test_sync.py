@@ -8,7 +8,7 @@ import pytest
 from django.core.management import call_command
 
 from sessions.gpus.models import Gpu
-from sessions.tasks import sync_gpus
+from sessions.gpus.tasks import sync_gpus
 
 
 def test_the_command_records_and_reports_the_simulated_fleet(db: None, settings) -> None:  # type: ignore[no-untyped-def]

@@ -17,11 +17,11 @@ from sessions.gpus.models import Slice
 from sessions.notebooks.hub import Hub, HubError, ServerStatus
 from sessions.notebooks.models import NotebookImage, NotebookSession
 from sessions.notebooks.services import Launch, start_session, stop_session
+from sessions.notebooks.tasks import reconcile_sessions
 from sessions.runtime.docker import DockerRuntime
 from sessions.runtime.slices import spec_for
 from sessions.runtime.spec import NO_IPV6
 from sessions.runtime.times import engine_time
-from sessions.tasks import reconcile_sessions
 from tests.conftest import HubStack
 from tests.helpers.waiting import state_of, wait_for
 

@@ -33,3 +33,16 @@ def test_the_beat_schedule_sends_the_heartbeat_every_minute() -> None:
     assert entry["task"] == "portal.tasks.record_heartbeat"
     assert entry["schedule"] == 60.0
     assert "portal.tasks.record_heartbeat" in app.tasks
+
+
+@pytest.mark.celery
+def test_the_worker_finds_every_task_beat_sends_and_the_start_the_services_enqueue(celery_worker: str) -> None:
+    """Tasks live beside their services (sessions/notebooks/tasks.py ...): the worker process must find
+    them all, or beat's entries and the services' by-name start would go nowhere."""
+    from portal.celery import app
+    from sessions.notebooks.services import START_NOTEBOOK
+
+    registered = app.control.inspect(destination=[celery_worker], timeout=10).registered() or {}
+    names = set(registered.get(celery_worker, []))
+    scheduled = {entry["task"] for entry in app.conf.beat_schedule.values()}
+    assert scheduled | {START_NOTEBOOK} <= names, f"not registered in the worker: {scheduled - names}"

@@ -12,11 +12,11 @@ from collections.abc import Iterator
 import pytest
 from django.conf import settings
 
+from sessions.notebooks.tasks import reconcile_sessions
 from sessions.runtime.docker import DockerRuntime
 from sessions.runtime.firewall import Firewall
 from sessions.runtime.isolation import isolate, tear_down
 from sessions.runtime.network import UserNetwork, parse
-from sessions.tasks import reconcile_sessions
 from tests.conftest import RUN_ID, TEST_NETWORK_PREFIX
 from tests.helpers.lab import Lab, start_lab
 
