@@ -8,7 +8,7 @@ test:
 	compose/bin/test
 
 lint:
-	.venv/bin/ruff check . && .venv/bin/ruff format --check . && .venv/bin/mypy
+	.venv/bin/ruff check . && .venv/bin/ruff format --check . && .venv/bin/mypy && .venv/bin/lint-imports
 
 format:
 	.venv/bin/ruff check --fix . && .venv/bin/ruff format .
