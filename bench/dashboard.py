@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 from bench.report import Result, summary_ms
-from bench.server import ROOT, BenchPortal
+from bench.server import ROOT, BenchPortal, run_checked
 
 USERNAME, PASSWORD = "bench-operator", "bench passphrase 2026"
 
@@ -25,7 +24,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def load(url: str, clients: int, duration: float, cookie: str) -> dict[str, object]:
     command = [sys.executable, "-m", "bench.loadgen", url, "--clients", str(clients), "--duration", str(duration)]
-    output = subprocess.run([*command, "--cookie", cookie], cwd=ROOT, capture_output=True, text=True, check=True)
+    output = run_checked([*command, "--cookie", cookie], "the load generator (bench.loadgen)", cwd=ROOT)
     return dict(json.loads(output.stdout))
 
 
@@ -37,22 +36,18 @@ def measure(portal: BenchPortal, path: str, args: argparse.Namespace, cookie: st
 
 
 def run(args: argparse.Namespace) -> Result:
-    with tempfile.TemporaryDirectory(prefix="bench-dashboard-") as tmp:
-        portal = BenchPortal(Path(tmp), args.port)
+    with tempfile.TemporaryDirectory(prefix="bench-dashboard-") as tmp, BenchPortal(Path(tmp), args.port) as portal:
         portal.prepare(USERNAME, PASSWORD)
         portal.start()
-        try:
-            cookie = portal.login_cookie(USERNAME, PASSWORD)
-            load(portal.base + "/", args.clients, 2, cookie)  # warm caches and connections
-            phases: dict[str, dict[str, object]] = {"/healthz": {}, "/": {}}
-            collected: dict[str, tuple[list[float], int, float]] = {path: ([], 0, 0.0) for path in phases}
-            for _ in range(args.rounds):
-                for path in phases:
-                    latencies, errors, cpu = measure(portal, path, args, cookie)
-                    old = collected[path]
-                    collected[path] = (old[0] + latencies, old[1] + errors, old[2] + cpu)
-        finally:
-            portal.stop()
+        cookie = portal.login_cookie(USERNAME, PASSWORD)
+        load(portal.base + "/", args.clients, 2, cookie)  # warm caches and connections
+        phases: dict[str, dict[str, object]] = {"/healthz": {}, "/": {}}
+        collected: dict[str, tuple[list[float], int, float]] = {path: ([], 0, 0.0) for path in phases}
+        for _ in range(args.rounds):
+            for path in phases:
+                latencies, errors, cpu = measure(portal, path, args, cookie)
+                old = collected[path]
+                collected[path] = (old[0] + latencies, old[1] + errors, old[2] + cpu)
     for path, (latencies, errors, cpu) in collected.items():
         phases[path] = {
             **summary_ms(latencies),

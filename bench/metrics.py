@@ -23,7 +23,7 @@ from collections import Counter
 from pathlib import Path
 
 from bench.report import Result, percentile
-from bench.server import BIN, ROOT, BenchPortal
+from bench.server import BIN, LOGS, ROOT, BenchFailed, BenchPortal, stop_process
 
 USERNAME, PASSWORD = "bench-operator", "bench passphrase 2026"
 FLEET = "bench: 8xH200:mig"
@@ -54,27 +54,44 @@ def clients(url: str, count: int, args: argparse.Namespace, cookie: str, poll: b
     processes = math.ceil(count / args.per_process)
     shares = [count // processes + (1 if n < count % processes else 0) for n in range(processes)]
     command = [sys.executable, "-m", "bench.metrics_client", url, "--duration", str(args.duration), "--cookie", cookie]
-    running = [
-        subprocess.Popen(
-            [*command, "--clients", str(share), *(["--poll"] if poll else [])],
-            cwd=ROOT,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        for share in shares
-    ]
-    # One window for all processes: each says when its clients are all connected, then all start together.
-    for process in running:
-        assert process.stdout is not None
-        line = process.stdout.readline().strip()
-        if line != "ready":
-            raise RuntimeError(f"a client process did not get ready: {line!r}")
-    for process in running:
-        assert process.stdin is not None
-        process.stdin.write("go\n")
-        process.stdin.flush()
-    return [json.loads(process.communicate(timeout=300)[0].strip().splitlines()[-1]) for process in running]
+    LOGS.mkdir(parents=True, exist_ok=True)
+    running: list[tuple[subprocess.Popen[str], Path]] = []
+    try:
+        for number, share in enumerate(shares):
+            log = LOGS / f"bench-metrics-client-{number}.log"  # its stderr, shown if it fails
+            with log.open("w") as stderr:
+                process = subprocess.Popen(
+                    [*command, "--clients", str(share), *(["--poll"] if poll else [])],
+                    cwd=ROOT,
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE,
+                    stderr=stderr,
+                    text=True,
+                )
+            running.append((process, log))
+        # One window for all processes: each says when its clients are all connected, then all start together.
+        for process, log in running:
+            assert process.stdout is not None
+            line = process.stdout.readline().strip()
+            if line != "ready":
+                stop_process(process, timeout=5)
+                raise BenchFailed(f"a client process did not get ready: {line!r}\n{log.read_text()[-4000:]}")
+        for process, _ in running:
+            assert process.stdin is not None
+            process.stdin.write("go\n")
+            process.stdin.flush()
+        return [_last_line(process, log) for process, log in running]
+    finally:
+        for process, _ in running:  # one that failed leaves the others waiting for "go": none outlives the phase
+            stop_process(process, timeout=5)
+
+
+def _last_line(process: subprocess.Popen[str], log: Path) -> dict[str, object]:
+    out = process.communicate(timeout=300)[0]
+    if process.returncode != 0 or not out.strip():
+        said = log.read_text()[-4000:]
+        raise BenchFailed(f"a client process (bench.metrics_client) exited with {process.returncode}:\n{said}")
+    return dict(json.loads(out.strip().splitlines()[-1]))
 
 
 def phase(portal: BenchPortal, url: str, count: int, args: argparse.Namespace, cookie: str, poll: bool) -> dict:  # type: ignore[type-arg]
@@ -136,8 +153,7 @@ def delivery(outputs: list[dict[str, object]], count: int) -> dict[str, object]:
 
 
 def run(args: argparse.Namespace) -> Result:
-    with tempfile.TemporaryDirectory(prefix="bench-metrics-") as tmp:
-        portal = BenchPortal(Path(tmp), args.port)
+    with tempfile.TemporaryDirectory(prefix="bench-metrics-") as tmp, BenchPortal(Path(tmp), args.port) as portal:
         portal.env.update(
             PORTAL_GPU_BACKEND="simulated",
             PORTAL_SIMULATED_FLEET=FLEET,
@@ -146,13 +162,15 @@ def run(args: argparse.Namespace) -> Result:
         portal.prepare(USERNAME, PASSWORD)
         portal.manage("shell", "-c", PREPARE_FLEET)
         portal.start()
-        agent = subprocess.Popen(
-            [str(BIN / "python"), "manage.py", "gpu_agent", "--no-docker"],
-            cwd=ROOT,
-            env=portal.env,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
+        LOGS.mkdir(parents=True, exist_ok=True)
+        with (LOGS / "bench-agent.log").open("wb") as agent_log:
+            agent = subprocess.Popen(
+                [str(BIN / "python"), "manage.py", "gpu_agent", "--no-docker"],
+                cwd=ROOT,
+                env=portal.env,
+                stdout=agent_log,
+                stderr=subprocess.STDOUT,
+            )
         try:
             cookie = portal.login_cookie(USERNAME, PASSWORD)
             time.sleep(2)  # the agent's first frames
@@ -161,9 +179,7 @@ def run(args: argparse.Namespace) -> Result:
             top = max(args.clients)
             polled = phase(portal, portal.base + "/sessions/fleet/live.json", top, args, cookie, poll=True)
         finally:
-            agent.terminate()
-            agent.wait(timeout=15)
-            portal.stop()
+            stop_process(agent)
     headline = pushed[top]
     # Freshness: the mean age of the figures a client holds. Pushed once a second they are on average
     # half a tick plus the delivery delay old; dcgm-exporter collects every 30 s, so ~15 s at best.

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -11,6 +13,10 @@ import urllib.parse
 import urllib.request
 from http.cookiejar import CookieJar
 from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import psycopg
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -18,20 +24,73 @@ BENCH_DB = "portal_bench"
 LOGS = ROOT / "artifacts" / "logs"
 
 
-def bench_database_url(data_dir: Path) -> str:
-    """A separate PostgreSQL database next to DATABASE_URL's, or SQLite in data_dir."""
-    given = os.environ.get("DATABASE_URL", "")
-    if not given.startswith(("postgres://", "postgresql://")):
-        return f"sqlite:///{data_dir / 'bench.sqlite3'}"
-    import psycopg
+class BenchFailed(RuntimeError):
+    """A step of a benchmark failed; the message says which and carries what it wrote to stderr."""
 
+
+def run_checked(command: list[str], what: str, **kwargs: Any) -> subprocess.CompletedProcess[str]:
+    """Run one step to its end and return its output; if it fails, raise with its stderr, never a bare status."""
+    result = subprocess.run(command, capture_output=True, text=True, check=False, **kwargs)
+    if result.returncode != 0:
+        said = (result.stderr.strip() or result.stdout.strip() or "(nothing on stderr or stdout)")[-4000:]
+        raise BenchFailed(f"{what} exited with {result.returncode}:\n{said}")
+    return result
+
+
+def _postgres_url() -> str | None:
+    given = os.environ.get("DATABASE_URL", "")
+    return given if given.startswith(("postgres://", "postgresql://")) else None
+
+
+def bench_database_url(data_dir: Path) -> str:
+    """A separate PostgreSQL database next to DATABASE_URL's, or SQLite in data_dir (drop_bench_database)."""
+    given = _postgres_url()
+    if given is None:
+        return f"sqlite:///{data_dir / 'bench.sqlite3'}"
     with psycopg.connect(given, autocommit=True) as connection:
         connection.execute(f"DROP DATABASE IF EXISTS {BENCH_DB}")
         connection.execute(f"CREATE DATABASE {BENCH_DB}")
     return urllib.parse.urlunsplit(urllib.parse.urlsplit(given)._replace(path=f"/{BENCH_DB}"))
 
 
+def drop_bench_database() -> None:
+    """Remove the database bench_database_url made (SQLite goes with the data directory), once the
+    benchmark's processes are gone. Never raises: it runs on the way out of a run that may have failed."""
+    given = _postgres_url()
+    if given is None:
+        return
+    try:
+        with psycopg.connect(given, autocommit=True) as connection:
+            connection.execute(f"DROP DATABASE IF EXISTS {BENCH_DB}")
+    except psycopg.Error as error:
+        print(f"bench: could not drop the database {BENCH_DB}: {error}", file=sys.stderr)
+
+
+def stop_process(process: subprocess.Popen[Any], group: bool = False, timeout: float = 15) -> None:
+    """Terminate a child, then kill it if it will not go. ``group``: it was started with
+    ``start_new_session``, and whatever it started (a proxy the hub launched, say) goes with it."""
+
+    def send(signal_number: int) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            if group:
+                os.killpg(process.pid, signal_number)
+            else:
+                process.send_signal(signal_number)
+
+    if process.poll() is None:
+        send(signal.SIGTERM)
+        try:
+            process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            send(signal.SIGKILL)
+            process.wait(timeout=5)
+    if group:
+        send(signal.SIGKILL)  # members the leader left behind
+
+
 class BenchPortal:
+    """Used as a context manager: on the way out, daphne stops and the benchmark's database goes."""
+
     def __init__(self, data_dir: Path, port: int) -> None:
         self.port = port
         self.base = f"http://127.0.0.1:{port}"
@@ -48,16 +107,18 @@ class BenchPortal:
         )
         self.process: subprocess.Popen[bytes] | None = None
 
+    def __enter__(self) -> BenchPortal:
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None
+    ) -> None:
+        self.stop()
+        drop_bench_database()
+
     def manage(self, *args: str) -> str:
-        result = subprocess.run(
-            [str(BIN / "python"), "manage.py", *args],
-            cwd=ROOT,
-            env=self.env,
-            capture_output=True,
-            text=True,
-            check=True,
-        )
-        return result.stdout
+        command = [str(BIN / "python"), "manage.py", *args]
+        return run_checked(command, f"manage.py {args[0]}", cwd=ROOT, env=self.env).stdout
 
     def prepare(self, username: str, password: str) -> None:
         self.manage("migrate", "--no-input", "--verbosity", "0")
@@ -86,7 +147,7 @@ class BenchPortal:
                     return self.process.pid
             except OSError:
                 time.sleep(0.1)
-        raise RuntimeError("daphne did not answer within 30 s")
+        raise BenchFailed(f"daphne did not answer within 30 s (its log: {LOGS / log_name}.log)")
 
     def login_cookie(self, username: str, password: str) -> str:
         """Log in through the real form (CSRF and all) and return the Cookie header."""
@@ -110,6 +171,5 @@ class BenchPortal:
         return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
     def stop(self) -> None:
-        if self.process and self.process.poll() is None:
-            self.process.terminate()
-            self.process.wait(timeout=15)
+        if self.process is not None:
+            stop_process(self.process)

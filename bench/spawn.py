@@ -5,6 +5,12 @@ Each figure is the time from the request to JupyterLab's /api answering 200 thro
 configurable-http-proxy (the floor: directly). Headline: one server at a time, medians of
 --runs. Then a burst: --burst people launch at the same moment, on ours and on stock; the
 p95 of those launches is compared, and how each scales from one launch to the burst.
+
+Whatever it starts goes again when it ends, on failure too: its processes (each in a process group
+of its own, so a proxy the hub launched goes with the hub), every container and network it made
+(labelled gpu-portal.bench=<run>, or, for the portal's own, its instance label), the portal's work
+volumes and its database. A step that fails says what it wrote to stderr; the processes' logs are
+artifacts/logs/bench-spawn-*.log.
 """
 
 from __future__ import annotations
@@ -14,19 +20,33 @@ import ipaddress
 import json
 import os
 import secrets
+import socket
 import statistics
 import subprocess
+import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from bench.report import Result, percentile
-from bench.server import BIN, ROOT, bench_database_url
+from bench.server import (
+    BIN,
+    LOGS,
+    ROOT,
+    BenchFailed,
+    bench_database_url,
+    drop_bench_database,
+    run_checked,
+    stop_process,
+)
 from bench.spawn_client import BURST_POLL_S, answers, wait
 
 DOCKER = "/usr/bin/docker"
 IMAGE = "gpu-portal/notebook:latest"
+LABEL = "gpu-portal.bench"  # on every container and network this benchmark makes: spawn-<run>
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -35,33 +55,39 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def free_port() -> int:
-    import socket
-
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
 
 
 class Stack:
-    """Processes started for one contender; stopped together."""
+    """Processes started for one contender, each in a process group of its own; stopped together."""
 
-    def __init__(self, log_dir: Path) -> None:
-        self.log_dir, self.processes = log_dir, []  # type: ignore[var-annotated]
+    def __init__(self) -> None:
+        self.processes: list[subprocess.Popen[bytes]] = []
+        LOGS.mkdir(parents=True, exist_ok=True)
 
     def start(self, name: str, command: list[str], env: dict[str, str], cwd: Path = ROOT) -> None:
-        log = (self.log_dir / f"{name}.log").open("ab")
-        self.processes.append(subprocess.Popen(command, cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT))
+        with (LOGS / f"bench-spawn-{name}.log").open("wb") as log:
+            process = subprocess.Popen(
+                command, cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            )
+        self.processes.append(process)
 
     def stop(self) -> None:
         for process in reversed(self.processes):
-            process.terminate()
-            try:
-                process.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                process.kill()
+            stop_process(process, group=True, timeout=20)
 
 
-def ours(runs: int, burst: int, tmp: Path) -> tuple[list[float], list[float]]:
+def cleanly(step: Callable[[], object], what: str) -> None:
+    """A clean-up step that must not hide the error that brought us here, nor stop the next step."""
+    try:
+        step()
+    except (OSError, subprocess.SubprocessError, BenchFailed) as error:
+        print(f"bench spawn: could not {what}: {error}", file=sys.stderr)
+
+
+def ours(runs: int, burst: int, tmp: Path, run_id: str) -> tuple[list[float], list[float]]:
     ports = {name: free_port() for name in ("public", "portal", "hub", "proxy_api")}
     public = f"http://127.0.0.1:{ports['public']}"
     env = dict(os.environ)
@@ -76,7 +102,7 @@ def ours(runs: int, burst: int, tmp: Path) -> tuple[list[float], list[float]]:
         # The path people's launches take: the portal's own fenced bridge, the hub on its gateway.
         PORTAL_NOTEBOOK_NETWORK=f"gpu-portal-bench-{secrets.token_hex(3)}",
         PORTAL_NOTEBOOK_SUBNET=free_subnet(),
-        PORTAL_INSTANCE_ID="bench-spawn",
+        PORTAL_INSTANCE_ID=f"bench-{run_id}",  # the label on the portal's containers: removed by it
         PORTAL_GPU_BACKEND="simulated",
         PORTAL_SIMULATED_FLEET="bench: 2xH200:mig",
         PORTAL_CELERY_QUEUE="bench-spawn",
@@ -87,20 +113,9 @@ def ours(runs: int, burst: int, tmp: Path) -> tuple[list[float], list[float]]:
         PYTHONPATH=str(ROOT),
     )
     (tmp / "hub").mkdir()
-    manage = [str(BIN / "python"), "manage.py"]
-    steps = (["migrate", "-v0"], ["collectstatic", "--no-input", "-v0"], ["sync_gpus"], ["register_hub_client"])
-    for step in (*steps, ["ensure_user_network"]):
-        subprocess.run([*manage, *step], cwd=ROOT, env=env, check=True, capture_output=True)
-    subprocess.run([*manage, "ensure_notebook_image"], cwd=ROOT, env=env, check=True, capture_output=True)
-    # People who may launch: the 'users' role (the migration made the group).
-    names = ["bench", *(f"bench{n}" for n in range(burst))]
-    code = (
-        "from django.contrib.auth.models import Group, User; "
-        f"[User.objects.create_user(name).groups.add(Group.objects.get(name='users')) for name in {names!r}]"
-    )
-    subprocess.run([*manage, "shell", "-c", code], cwd=ROOT, env=env, check=True, capture_output=True)
-    stack = Stack(tmp)
+    stack = Stack()
     try:
+        prepare_portal(env, burst)
         stack.start(
             "daphne",
             [str(BIN / "daphne"), "-b", "127.0.0.1", "-p", str(ports["portal"]), "portal.asgi:application"],
@@ -114,36 +129,81 @@ def ours(runs: int, burst: int, tmp: Path) -> tuple[list[float], list[float]]:
         stack.start(
             "hub", [str(BIN / "jupyterhub"), "-f", str(ROOT / "compose/hub/jupyterhub_config.py")], env, tmp / "hub"
         )
-        wait(lambda: answers_any(f"{public}/jupyter/hub/api/"), 60)
+        wait(lambda: answers_any(f"{public}/jupyter/hub/api/"), 60, what="our hub to answer")
         time.sleep(2)  # let the worker connect
         client = [str(BIN / "python"), "-m", "bench.spawn_client", str(runs), public]
         figures = []
         for extra in ([], [str(burst)]):
-            result = subprocess.run([*client, *extra], cwd=ROOT, env=env, capture_output=True, text=True, check=True)
+            what = f"the launch client (bench.spawn_client {' '.join([str(runs), public, *extra])})"
+            result = run_checked([*client, *extra], what, cwd=ROOT, env=env)
             figures.append(list(json.loads(result.stdout.strip().splitlines()[-1])))
         return figures[0], figures[1]
     finally:
         stack.stop()
-        remove_containers_on(env["PORTAL_NOTEBOOK_NETWORK"])
-        subprocess.run([*manage, "ensure_user_network", "--remove"], cwd=ROOT, env=env, check=False)
+        volumes: list[str] = []
+        cleanly(lambda: volumes.extend(work_volumes(env)), "read the portal's work volumes")
+        cleanly(lambda: remove_labelled(f"gpu-portal.instance={env['PORTAL_INSTANCE_ID']}"), "remove our containers")
+        cleanly(lambda: remove_volumes(volumes), "remove the work volumes")
+        cleanly(lambda: manage(env, "ensure_user_network", "--remove"), "remove the portal's network")
+        cleanly(drop_bench_database, "drop the benchmark's database")
+
+
+def manage(env: dict[str, str], *args: str) -> str:
+    return run_checked([str(BIN / "python"), "manage.py", *args], f"manage.py {args[0]}", cwd=ROOT, env=env).stdout
+
+
+def prepare_portal(env: dict[str, str], burst: int) -> None:
+    for step in (
+        ["migrate", "-v0"],
+        ["collectstatic", "--no-input", "-v0"],
+        ["sync_gpus"],
+        ["register_hub_client"],
+        ["ensure_user_network"],
+        ["ensure_notebook_image"],
+    ):
+        manage(env, *step)
+    # People who may launch: the 'users' role (the migration made the group).
+    names = ["bench", *(f"bench{n}" for n in range(burst))]
+    code = (
+        "from django.contrib.auth.models import Group, User; "
+        f"[User.objects.create_user(name).groups.add(Group.objects.get(name='users')) for name in {names!r}]"
+    )
+    manage(env, "shell", "-c", code)
+
+
+def work_volumes(env: dict[str, str]) -> list[str]:
+    """The Docker volumes the portal made for people's work folders (named in its database)."""
+    code = "from sessions.notebooks.models import WorkVolume; print(*WorkVolume.objects.values_list('name', flat=True))"
+    return manage(env, "shell", "--no-imports", "-c", code).split()  # only the names on stdout
+
+
+def remove_labelled(label: str) -> None:
+    """Every container (running or not), then every network, carrying this label (key=value)."""
+    containers = docker("ps", "-aq", "--filter", f"label={label}").split()
+    if containers:
+        docker("rm", "-f", *containers)
+    networks = docker("network", "ls", "-q", "--filter", f"label={label}").split()
+    if networks:
+        docker("network", "rm", *networks)
+
+
+def remove_volumes(names: list[str]) -> None:
+    if names:
+        docker("volume", "rm", "-f", *names)
+
+
+def docker(*args: str) -> str:
+    return run_checked([DOCKER, *args], f"docker {args[0]}").stdout
 
 
 def free_subnet() -> str:
     """A 10.88.N.0/24 that no Docker network on this engine holds (N from 210 up)."""
-    names = subprocess.run([DOCKER, "network", "ls", "-q"], capture_output=True, text=True).stdout.split()
-    template = "{{range .IPAM.Config}}{{.Subnet}} {{end}}"
-    inspect = [DOCKER, "network", "inspect", "--format", template, *names]
-    found = subprocess.run(inspect, capture_output=True, text=True).stdout.split()
+    names = docker("network", "ls", "-q").split()
+    found = docker("network", "inspect", "--format", "{{range .IPAM.Config}}{{.Subnet}} {{end}}", *names).split()
     for number in range(210, 250):
         if f"10.88.{number}.0/24" not in found:
             return f"10.88.{number}.0/24"
     raise RuntimeError("no free 10.88.210-249.0/24 for the benchmark's networks")
-
-
-def remove_containers_on(network: str) -> None:
-    ids = subprocess.run([DOCKER, "ps", "-aq", "--filter", f"network={network}"], capture_output=True, text=True)
-    for container in ids.stdout.split():
-        subprocess.run([DOCKER, "rm", "-f", container], capture_output=True)
 
 
 def answers_any(url: str) -> bool:
@@ -154,15 +214,14 @@ def answers_any(url: str) -> bool:
         return False
 
 
-def stock(runs: int, burst: int, tmp: Path) -> tuple[list[float], list[float]]:
+def stock(runs: int, burst: int, tmp: Path, run_id: str) -> tuple[list[float], list[float]]:
     ports = {name: free_port() for name in ("public", "hub", "proxy_api")}
     token = secrets.token_hex(16)
     data = tmp / "stock"
     data.mkdir()
     # DockerSpawner's documented set-up off the host network: a user-defined bridge, the hub on its gateway.
-    network, subnet = f"bench-stock-{secrets.token_hex(3)}", free_subnet()
+    network, subnet = f"bench-stock-{run_id}", free_subnet()
     gateway = str(next(ipaddress.IPv4Network(subnet).hosts()))
-    subprocess.run([DOCKER, "network", "create", "--subnet", subnet, network], check=True, capture_output=True)
     env = dict(os.environ)
     env.update(
         BENCH_HUB_DATA=str(data),
@@ -172,33 +231,32 @@ def stock(runs: int, burst: int, tmp: Path) -> tuple[list[float], list[float]]:
         BENCH_PROXY_API_PORT=str(ports["proxy_api"]),
         BENCH_NETWORK=network,
         BENCH_TOKEN=token,
+        BENCH_LABEL=f"{LABEL}={run_id}",  # stock_config.py puts it on the containers DockerSpawner makes
     )
     public = f"http://127.0.0.1:{ports['public']}"
-    stack = Stack(tmp)
+    stack = Stack()
     try:
+        docker("network", "create", "--label", f"{LABEL}={run_id}", "--subnet", subnet, network)
         stack.start("stock-hub", [str(BIN / "jupyterhub"), "-f", str(ROOT / "bench/hub/stock_config.py")], env, data)
-        wait(lambda: answers_any(f"{public}/hub/api/"), 60)
+        wait(lambda: answers_any(f"{public}/hub/api/"), 60, what="the stock hub to answer")
         api = f"http://{gateway}:{ports['hub']}/hub/api"
         call(api + "/users/bench", "POST", token)
         times = []
         for _ in range(runs):
             started = time.perf_counter()
             call(api + "/users/bench/server", "POST", token)
-            wait(lambda: answers(f"{public}/user/bench/api"))
+            wait(lambda: answers(f"{public}/user/bench/api"), what="the stock server to answer")
             times.append(time.perf_counter() - started)
             call(api + "/users/bench/server", "DELETE", token)
-            wait(lambda: not container_exists("bench-stock-bench"), 60)
+            wait(lambda: not container_exists("bench-stock-bench"), 60, what="the stock server's container to go")
         return times, stock_burst(api, public, token, burst)
     finally:
         stack.stop()
-        remove_containers_on(network)
-        subprocess.run([DOCKER, "network", "rm", network], capture_output=True)
+        cleanly(lambda: remove_labelled(f"{LABEL}={run_id}"), "remove the stock hub's containers and network")
 
 
 def stock_burst(api: str, public: str, token: str, count: int) -> list[float]:
     """``count`` users' servers requested from the stock hub at the same moment."""
-    from concurrent.futures import ThreadPoolExecutor
-
     users = [f"burst{n}" for n in range(count)]
     for user in users:
         call(f"{api}/users/{user}", "POST", token)
@@ -208,7 +266,7 @@ def stock_burst(api: str, public: str, token: str, count: int) -> list[float]:
         time.sleep(max(0.0, gate - time.monotonic()))
         started = time.perf_counter()
         call(f"{api}/users/{user}/server", "POST", token)
-        wait(lambda: answers(f"{public}/user/{user}/api"), every=BURST_POLL_S)
+        wait(lambda: answers(f"{public}/user/{user}/api"), every=BURST_POLL_S, what=f"{user}'s stock server")
         return time.perf_counter() - started
 
     with ThreadPoolExecutor(count) as pool:
@@ -216,7 +274,7 @@ def stock_burst(api: str, public: str, token: str, count: int) -> list[float]:
     for user in users:
         call(f"{api}/users/{user}/server", "DELETE", token)
     for user in users:
-        wait(lambda user=user: not container_exists(f"bench-stock-{user}"), 90)
+        wait(lambda user=user: not container_exists(f"bench-stock-{user}"), 90, what=f"{user}'s container to go")
     return times
 
 
@@ -227,60 +285,51 @@ def call(url: str, method: str, token: str) -> None:
 
 
 def container_exists(name: str) -> bool:
-    out = subprocess.run([DOCKER, "ps", "-aq", "--filter", f"name=^{name}$"], capture_output=True, text=True)
-    return bool(out.stdout.strip())
+    return bool(docker("ps", "-aq", "--filter", f"name=^{name}$").strip())
 
 
-def floor(runs: int, bridged: bool = False) -> list[float]:
+def floor(runs: int, run_id: str, bridged: bool = False, image: str = IMAGE, timeout: float = 120) -> list[float]:
     """A bare `docker run` of the image with `jupyter lab` until /api answers: on the host's network, or on a
     fresh bridge (what a network namespace and veth of its own cost every launch)."""
-    network = f"bench-floor-{secrets.token_hex(3)}" if bridged else "host"
-    if bridged:
-        subprocess.run(
-            [DOCKER, "network", "create", "--subnet", free_subnet(), network], check=True, capture_output=True
-        )
-    times = []
+    label = f"{LABEL}={run_id}"
+    network = f"bench-floor-{run_id}" if bridged else "host"
     try:
-        for number in range(runs):
-            times.append(one_floor(number, network))
-    finally:
         if bridged:
-            subprocess.run([DOCKER, "network", "rm", network], capture_output=True)
-    return times
+            docker("network", "create", "--label", label, "--subnet", free_subnet(), network)
+        return [one_floor(number, network, label, image, timeout) for number in range(runs)]
+    finally:
+        cleanly(lambda: remove_labelled(label), "remove the floor's containers and network")
 
 
-def one_floor(number: int, network: str) -> float:
-    port, name = free_port(), f"bench-floor-{number}"
+def one_floor(number: int, network: str, label: str, image: str, timeout: float) -> float:
+    port, name = free_port(), f"bench-floor-{label.rsplit('=', 1)[1]}-{number}"
     ip = "127.0.0.1" if network == "host" else "0.0.0.0"  # noqa: S104 (inside the container's own namespace)
-    command = [DOCKER, "run", "-d", "--rm", "--name", name, "--network", network, IMAGE, "jupyter", "lab"]
+    command = ["run", "-d", "--rm", "--label", label, "--name", name, "--network", network, image, "jupyter", "lab"]
     command += ["--ip", ip, f"--port={port}", "--no-browser", "--ServerApp.token=", "--ServerApp.password="]
     started = time.perf_counter()
-    subprocess.run(command, check=True, capture_output=True)
+    docker(*command)
     address = "127.0.0.1"
     if network != "host":
-        template = "{{range .NetworkSettings.Networks}}{{.IPAddress}}{{end}}"
-        address = subprocess.run(
-            [DOCKER, "inspect", "-f", template, name], capture_output=True, text=True
-        ).stdout.strip()
-    wait(lambda: answers(f"http://{address}:{port}/api"))
+        address = docker("inspect", "-f", "{{range .NetworkSettings.Networks}}{{.IPAddress}}{{end}}", name).strip()
+    wait(lambda: answers(f"http://{address}:{port}/api"), timeout, what=f"JupyterLab in {name} to answer")
     elapsed = time.perf_counter() - started
-    subprocess.run([DOCKER, "rm", "-f", name], capture_output=True)
+    docker("rm", "-f", name)
     return elapsed
 
 
 def run(args: argparse.Namespace) -> Result:
-    subprocess.run([str(ROOT / "compose/bin/ensure-docker")], check=True, capture_output=True)
-    subprocess.run([str(ROOT / "compose/bin/ensure-proxy")], check=True)
-    subprocess.run([str(ROOT / "compose/bin/build-notebook-image")], check=True)
+    for script in ("ensure-docker", "ensure-proxy", "build-notebook-image"):
+        run_checked([str(ROOT / "compose/bin" / script)], f"compose/bin/{script}")
+    run_id = f"spawn-{secrets.token_hex(4)}"
     with tempfile.TemporaryDirectory(prefix="bench-spawn-") as name:
         tmp = Path(name)
-        ours_runs, ours_burst = ours(args.runs, args.burst, tmp)
-        stock_runs, stock_burst_runs = stock(args.runs, args.burst, tmp)
+        ours_runs, ours_burst = ours(args.runs, args.burst, tmp, run_id)
+        stock_runs, stock_burst_runs = stock(args.runs, args.burst, tmp, run_id)
         figures = {
             "ours": ours_runs,
             "stock": stock_runs,
-            "floor": floor(args.runs),
-            "floor_bridged": floor(args.runs, bridged=True),
+            "floor": floor(args.runs, run_id),
+            "floor_bridged": floor(args.runs, run_id, bridged=True),
         }
     medians = {key: round(statistics.median(values), 3) for key, values in figures.items()}
     bursts = {"ours": ours_burst, "stock": stock_burst_runs}

@@ -48,13 +48,13 @@ def answers(url: str) -> bool:
 BURST_POLL_S = 0.2
 
 
-def wait(check, timeout: float = 120, every: float = 0.02) -> None:  # type: ignore[no-untyped-def]
+def wait(check, timeout: float = 120, every: float = 0.02, what: str = "the check") -> None:  # type: ignore[no-untyped-def]
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if check():
             return
         time.sleep(every)
-    raise TimeoutError("timed out")
+    raise TimeoutError(f"waited {timeout} s for {what}")
 
 
 def burst(count: int, public: str) -> list[float]:
@@ -72,7 +72,8 @@ def burst(count: int, public: str) -> list[float]:
             time.sleep(max(0.0, gate - time.monotonic()))
             started = time.perf_counter()
             session = start_session(user, Launch(SliceRequest("mig", "1g.18gb"), image.pk, "burst"))
-            wait(lambda: answers(f"{public}/jupyter/user/{user.username}/burst/api"), every=BURST_POLL_S)
+            url = f"{public}/jupyter/user/{user.username}/burst/api"
+            wait(lambda: answers(url), every=BURST_POLL_S, what=f"{user.username}'s JupyterLab at {url}")
             return time.perf_counter() - started, session.pk
         finally:
             connection.close()
@@ -82,7 +83,11 @@ def burst(count: int, public: str) -> list[float]:
     for user, (_, session_id) in zip(users, outcomes, strict=True):
         stop_session(session_id, by=user)
     for _, session_id in outcomes:
-        wait(lambda session_id=session_id: NotebookSession.objects.get(pk=session_id).state == "stopped", 90)
+        wait(
+            lambda session_id=session_id: NotebookSession.objects.get(pk=session_id).state == "stopped",
+            90,
+            what=f"session {session_id} to stop",
+        )
     return [elapsed for elapsed, _ in outcomes]
 
 
@@ -94,10 +99,14 @@ def main(runs: int, public: str) -> None:
         name = f"b{number}"
         started = time.perf_counter()
         session = start_session(user, Launch(SliceRequest("mig", "1g.18gb"), image.pk, name))
-        wait(lambda name=name: answers(f"{public}/jupyter/user/bench/{name}/api"))
+        wait(lambda name=name: answers(f"{public}/jupyter/user/bench/{name}/api"), what=f"JupyterLab of bench/{name}")
         times.append(time.perf_counter() - started)
         stop_session(session.pk, by=user)
-        wait(lambda session=session: NotebookSession.objects.get(pk=session.pk).state == "stopped", 60)
+        wait(
+            lambda session=session: NotebookSession.objects.get(pk=session.pk).state == "stopped",
+            60,
+            what=f"session {session.pk} to stop",
+        )
     print(json.dumps(times))
 
 

@@ -28,4 +28,7 @@ c.DockerSpawner.network_name = os.environ["BENCH_NETWORK"]
 c.DockerSpawner.use_internal_ip = True
 c.DockerSpawner.remove = True
 c.DockerSpawner.name_template = "bench-stock-{username}"
+# The benchmark removes what carries its run's label, on failure too.
+key, _, value = os.environ["BENCH_LABEL"].partition("=")
+c.DockerSpawner.extra_create_kwargs = {"labels": {key: value}}
 c.DockerSpawner.debug = False
