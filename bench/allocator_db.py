@@ -19,7 +19,7 @@ django.setup()
 
 from django.contrib.auth.models import User  # noqa: E402
 from django.core.management import call_command  # noqa: E402
-from django.db import connection  # noqa: E402
+from django.db import connection, transaction  # noqa: E402
 
 from bench.report import percentile  # noqa: E402
 from sessions.gpus import placement  # noqa: E402
@@ -49,13 +49,18 @@ def main(pairs: int, seed: int) -> None:
         with connection.cursor() as cursor:
             cursor.execute("VACUUM ANALYZE")  # what autovacuum does for a fleet that has run a while
     figures: dict[str, dict[str, object]] = {}
+    # As launches and stops call the allocator: each inside its caller's transaction (start_session's and the
+    # session end's atomic blocks), which is the path people's requests take.
     for name, rule in (("ours", placement.choose), ("first_fit", placement.first_fit)):
         times = []
         for _ in range(pairs):
             profile = rng.choice(PROFILES)
             started = time.perf_counter()
             try:
-                release(allocate(owner, SliceRequest("mig", profile), rule=rule).pk)  # type: ignore[arg-type]
+                with transaction.atomic():
+                    taken = allocate(owner, SliceRequest("mig", profile), rule=rule)  # type: ignore[arg-type]
+                with transaction.atomic():
+                    release(taken.pk)
             except AllocationRefused:
                 continue
             times.append((time.perf_counter() - started) * 1000)

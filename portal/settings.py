@@ -105,10 +105,6 @@ def _time_zone() -> str:
 
 
 SECRET_KEY = _secret_key()
-# The allocator's statements (sessions/gpus/sql.py) are prepared on first use on each PostgreSQL
-# connection, which saves their planning on every later call; the ORM's queries are never
-# prepared. Turn off behind a pooler in transaction mode that cannot keep prepared statements.
-GPU_SQL_PREPARED = env.flag("PORTAL_DB_PREPARED", True)
 DEBUG = env.flag("PORTAL_DEBUG", False)
 ALLOWED_HOSTS = env.items("PORTAL_ALLOWED_HOSTS", ["127.0.0.1", "localhost"])
 CSRF_TRUSTED_ORIGINS = env.items("PORTAL_CSRF_TRUSTED_ORIGINS", [])

@@ -85,6 +85,17 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     items[:] = [item for item in items if item not in browser_tests] + browser_tests
 
 
+@pytest.fixture(autouse=True)
+def placement_demand_forgotten() -> Iterator[None]:
+    """Each process keeps the demand it learned from slices (``sessions/gpus/demand.py``) for a minute;
+    a test's slices are rolled back after it, so the next test starts from what its own slices say."""
+    from sessions.gpus import demand
+
+    demand.forget()
+    yield
+    demand.forget()
+
+
 @pytest.fixture(scope="session", autouse=True)
 def database_pools_closed_at_the_end(django_db_setup: None, django_db_blocker: Any) -> Iterator[None]:
     """The connection pool keeps connections open; the test database can only be dropped once they close."""

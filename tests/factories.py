@@ -51,6 +51,7 @@ def running_session(owner: User, image: NotebookImage, request: SliceRequest, na
     from django.utils import timezone
 
     from sessions.gpus.allocator import allocate
+    from sessions.gpus.holders import Holder
     from sessions.notebooks.models import NotebookSession
 
     now = timezone.now()
@@ -63,7 +64,7 @@ def running_session(owner: User, image: NotebookImage, request: SliceRequest, na
         container_started_at=now,
         ready_at=now,
     )
-    session.slice = allocate(owner, request, holder=f"notebook:{session.pk}")
+    session.slice = allocate(owner, request, holder=Holder.notebook(session.pk))
     session.save(update_fields=["slice"])
     return session
 

@@ -94,6 +94,25 @@ def _profile(raw: dict[str, object]) -> Profile:
     )
 
 
+# Short names people and the fleet setting use for catalog models.
+ALIASES = {
+    "H200": "H200-SXM5-141GB",
+    "H100": "H100-SXM5-80GB",
+    "A100-80GB": "A100-SXM4-80GB",
+    "A100-40GB": "A100-SXM4-40GB",
+    "A100": "A100-SXM4-80GB",
+    "A30": "A30-24GB",
+    "L4": "L4-24GB",
+    "L40S": "L40S-48GB",
+    "T4": "T4-16GB",
+}
+
+
+def resolve(name: str) -> str:
+    """A catalog model's full name from its short one (``H200``); other names are returned as they are."""
+    return ALIASES.get(name, name)
+
+
 @cache
 def models() -> dict[str, GpuModel]:
     whole = json.loads((DATA / "gpu_models.json").read_text())["models"]

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 from django.conf import settings
 from django.db import models
-from django.db.models import Q
+from django.db.models import F, Q
 
 from sessions.gpus import catalog
 from sessions.gpus.backends.base import FoundInstance
+from sessions.gpus.holders import Holder, HolderKind
 from sessions.gpus.placement import Layout
 
 
@@ -74,9 +75,6 @@ class Gpu(models.Model):
     profile_counts = models.JSONField(default=dict)
     layout_key = models.CharField(max_length=200, default="0:0:", help_text="The three fields above as one text.")
     active_slices = models.PositiveIntegerField(default=0)
-    # On PostgreSQL a trigger stamps every insert and update with the writing transaction's id,
-    # so the allocator's in-memory view of the fleet can re-read only what changed (fleetview.py).
-    changed_xid = models.BigIntegerField(default=0, editable=False)
 
     class Meta:
         ordering = ["host__name", "index"]
@@ -87,7 +85,6 @@ class Gpu(models.Model):
                 fields=["model_name", "sharing", "state", "mig_policy", "compute_used", "layout_key", "id"],
                 name="gpu_placement_idx",
             ),
-            models.Index(fields=["changed_xid"], name="gpu_changed_xid_idx"),
         ]
 
     def __str__(self) -> str:
@@ -169,7 +166,14 @@ class Slice(models.Model):
     memory_gib = models.FloatField(default=0)
     device_uuid = models.CharField(max_length=64, help_text="What the container receives as NVIDIA_VISIBLE_DEVICES.")
     owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="slices")
-    holder = models.CharField(max_length=100, blank=True, help_text="What uses it, e.g. session:12.")
+    holder_kind = models.CharField(max_length=16, choices=HolderKind.choices, blank=True)
+    holder_id = models.PositiveBigIntegerField(null=True, blank=True, help_text="The session's or render job's id.")
+    held_from = models.DateTimeField(
+        null=True, blank=True, help_text="When its holder began running on it: its container's start, from Docker."
+    )
+    held_until = models.DateTimeField(
+        null=True, blank=True, help_text="When its holder stopped running on it: the moment its container was gone."
+    )
     allocated_at = models.DateTimeField()
     released_at = models.DateTimeField(null=True, blank=True)
     release_reason = models.CharField(max_length=100, blank=True)
@@ -185,8 +189,21 @@ class Slice(models.Model):
                 condition=Q(released_at__isnull=True, kind="whole"),
                 name="slice_one_active_whole_per_gpu",
             ),
+            models.CheckConstraint(
+                condition=Q(holder_kind="", holder_id__isnull=True) | (~Q(holder_kind="") & Q(holder_id__isnull=False)),
+                name="slice_holder_kind_with_id",
+            ),
+            models.CheckConstraint(
+                condition=Q(held_until__isnull=True) | Q(held_from__isnull=False, held_until__gte=F("held_from")),
+                name="slice_held_until_after_from",
+            ),
         ]
-        indexes = [models.Index(fields=["owner", "released_at"])]
+        indexes = [
+            models.Index(fields=["owner", "released_at"]),
+            models.Index(fields=["holder_kind", "holder_id"], name="slice_holder_idx"),
+            # What people asked for lately (demand.py): a look at the window's slices, not the whole table.
+            models.Index(fields=["kind", "allocated_at"], name="slice_recent_idx"),
+        ]
 
     def __str__(self) -> str:
         return f"{self.describe()} for {self.owner}"
@@ -194,6 +211,12 @@ class Slice(models.Model):
     @property
     def active(self) -> bool:
         return self.released_at is None
+
+    @property
+    def holder(self) -> Holder | None:
+        if not self.holder_kind or self.holder_id is None:
+            return None
+        return Holder(HolderKind(self.holder_kind), self.holder_id)
 
     def describe(self) -> str:
         if self.kind == self.Kind.MIG:

@@ -28,20 +28,26 @@ from dataclasses import dataclass
 from typing import Any
 
 from sessions.gpus.backends.base import GpuSample
+from sessions.gpus.holders import Holder as SliceHolder
+from sessions.gpus.holders import HolderKind
 
 
 @dataclass(frozen=True)
 class Holder:
-    """Who holds a device: the slice's owner and what uses it (``notebook:12``)."""
+    """Who holds a device: the slice's owner and what uses it (a notebook session, a render job)."""
 
     owner_id: int
     username: str
-    holder: str
+    held_by: SliceHolder | None
+
+    @property
+    def holder(self) -> str:
+        """As the frames carry it: ``notebook:12``, or empty."""
+        return str(self.held_by or "")
 
     @property
     def session_id(self) -> int | None:
-        kind, _, number = self.holder.partition(":")
-        return int(number) if kind == "notebook" and number.isdigit() else None
+        return self.held_by.id if self.held_by and self.held_by.kind == HolderKind.NOTEBOOK else None
 
 
 Holders = dict[str, list[Holder]]  # device (MIG or GPU) UUID -> who holds it; a shared GPU has several
@@ -52,11 +58,9 @@ def load_holders() -> Holders:
     from sessions.gpus.models import Slice
 
     holders: Holders = {}
-    active = Slice.objects.filter(released_at__isnull=True).order_by("pk")
-    for device, owner_id, username, holder in active.values_list(
-        "device_uuid", "owner_id", "owner__username", "holder"
-    ):
-        holders.setdefault(device, []).append(Holder(owner_id, username, holder))
+    active = Slice.objects.filter(released_at__isnull=True).select_related("owner").order_by("pk")
+    for taken in active.only("device_uuid", "owner__username", "holder_kind", "holder_id"):
+        holders.setdefault(taken.device_uuid, []).append(Holder(taken.owner_id, taken.owner.username, taken.holder))
     return holders
 
 

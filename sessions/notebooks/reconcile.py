@@ -16,6 +16,7 @@ from django.utils import timezone
 
 from sessions.gpus.allocator import ReleaseRefused, release
 from sessions.gpus.backends import BackendError
+from sessions.gpus.holders import HolderKind
 from sessions.gpus.models import Slice
 from sessions.notebooks.models import NotebookSession
 from sessions.notebooks.services import ContainerEnd, container_ended, fail
@@ -69,13 +70,13 @@ def _check(session: NotebookSession, runtime: DockerRuntime) -> str:
 
 def _release_orphan_slices() -> int:
     released = 0
-    for taken in Slice.objects.filter(released_at__isnull=True, holder__startswith="notebook:"):
-        session_id = int(taken.holder.split(":", 1)[1])
-        if not NotebookSession.objects.filter(pk=session_id, state__in=NotebookSession.ACTIVE).exists():
-            try:
-                release(taken.pk, reason="its session had ended")
-            except (BackendError, ReleaseRefused) as error:  # one slice that cannot be freed must not stop the rest
-                log.error("slice %s: could not release it: %s", taken.pk, error)
-                continue
-            released += 1
+    active = NotebookSession.objects.filter(state__in=NotebookSession.ACTIVE).values("pk")
+    held = Slice.objects.filter(released_at__isnull=True, holder_kind=HolderKind.NOTEBOOK)
+    for slice_id in held.exclude(holder_id__in=active).values_list("pk", flat=True):
+        try:
+            release(slice_id, reason="its session had ended")
+        except (BackendError, ReleaseRefused) as error:  # one slice that cannot be freed must not stop the rest
+            log.error("slice %s: could not release it: %s", slice_id, error)
+            continue
+        released += 1
     return released

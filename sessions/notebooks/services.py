@@ -19,7 +19,15 @@ from django.utils import timezone
 from portal import push
 from portal.celery import app as celery_app
 from portal.roles import can_launch, launch_refusal
-from sessions.gpus.allocator import AllocationRefused, SliceRequest, allocate, release
+from sessions.gpus.allocator import (
+    AllocationRefused,
+    SliceRequest,
+    allocate,
+    holding_ended,
+    holding_started,
+    release,
+)
+from sessions.gpus.holders import Holder
 from sessions.notebooks.hub import Hub, HubError, HubUnavailable
 from sessions.notebooks.models import NotebookImage, NotebookSession
 from sessions.runtime.docker import DockerRuntime, RuntimeError_
@@ -81,7 +89,7 @@ def start_session(owner: User, launch: Launch) -> NotebookSession:
             state=State.ALLOCATING,
         )
         try:
-            session.slice = allocate(owner, launch.request, holder=f"notebook:{session.pk}")
+            session.slice = allocate(owner, launch.request, holder=Holder.notebook(session.pk))
         except AllocationRefused as refused:
             raise LaunchRefused(refused.reason, code=refused.code) from None
         session.state, session.progress, session.progress_message = State.STARTING, 10, "Slice allocated"
@@ -174,7 +182,8 @@ def record_event(
             session.progress_message, session.progress_at = message[:200], timezone.now()
             session.progress = min(95, session.progress + 20)
         elif event == "container_started":
-            session.stamp("container_started_at", at)
+            if session.stamp("container_started_at", at) and session.slice_id:
+                holding_started(session.slice_id, session.container_started_at)
             session.container_id = container_id[:80] or session.container_id
         elif event == "ready" and session.state == State.STARTING:
             session.stamp("ready_at")
@@ -295,6 +304,8 @@ def _end(
     if session.container_started_at:
         gone_at = gone_at or _died_at(session) or timezone.now()
         session.stamp("container_gone_at", max(gone_at, session.container_started_at))
+        if session.slice_id:
+            holding_ended(session.slice_id, session.container_started_at, session.container_gone_at)
     session.state = State.FAILED if failed else State.STOPPED
     session.ended_reason = session.ended_reason or reason or NotebookSession.EndReason.RECONCILIATION
     session.stamp("ended_at")

@@ -33,7 +33,7 @@ def labels_for(taken: Slice, extra: Mapping[str, str] | None = None) -> dict[str
         f"{LABEL_PREFIX}.gpu": taken.gpu.uuid,
         f"{LABEL_PREFIX}.device": taken.device_uuid,
         f"{LABEL_PREFIX}.owner": str(taken.owner_id),
-        f"{LABEL_PREFIX}.holder": taken.holder,
+        f"{LABEL_PREFIX}.holder": str(taken.holder or ""),
     }
     return {**labels, **(extra or {})}
 

@@ -11,6 +11,7 @@ from playwright.sync_api import Page, expect
 
 from sessions.gpus.allocator import SliceRequest, allocate
 from sessions.gpus.backends import get_backend
+from sessions.gpus.holders import Holder
 from sessions.gpus.models import Gpu
 from tests.e2e.conftest import log_in
 from tests.gpus.conftest import use_fleet
@@ -31,8 +32,8 @@ def sim_fleet(settings) -> Iterator[list[Gpu]]:  # type: ignore[no-untyped-def]
 def test_an_operator_applies_a_layout_and_sees_who_holds_which_slice(
     portal_server: str, page: Page, staff: User, alice: User, sim_fleet: list[Gpu]
 ) -> None:
-    allocate(alice, SliceRequest(kind="mig", profile="3g.71gb"), holder="session:12")
-    allocate(alice, SliceRequest(kind="mig", profile="1g.18gb"), holder="render:3")
+    allocate(alice, SliceRequest(kind="mig", profile="3g.71gb"), holder=Holder.notebook(12))
+    allocate(alice, SliceRequest(kind="mig", profile="1g.18gb"), holder=Holder.render(3))
 
     log_in(page, portal_server, "charlie")
     page.get_by_role("navigation", name="Main").get_by_role("link", name="Fleet", exact=True).click()

@@ -9,6 +9,7 @@ from django.contrib.auth.models import User
 from playwright.sync_api import Page, expect
 
 from sessions.gpus.allocator import SliceRequest, allocate
+from sessions.gpus.holders import Holder
 from sessions.notebooks.models import NotebookImage, NotebookSession
 from tests.conftest import ARTIFACTS
 from tests.e2e.conftest import SCREENSHOTS, log_in
@@ -57,7 +58,7 @@ def test_staff_watch_every_gpu_and_mig_device_with_who_uses_it(
     portal_server: str, page: Page, alice: User, staff: User, notebook_image: NotebookImage, agent: None
 ) -> None:
     charted_session(alice, notebook_image)
-    allocate(alice, SliceRequest("mig", "1g.18gb", host="live"), holder="render:4")
+    allocate(alice, SliceRequest("mig", "1g.18gb", host="live"), holder=Holder.render(4))
     log_in(page, portal_server, "charlie")
     page.goto(f"{portal_server}/sessions/fleet/live/")
     tiles = page.locator("#fleet-tiles .gpu-tile")

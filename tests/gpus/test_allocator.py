@@ -15,6 +15,7 @@ from sessions.gpus.allocator import (
     gpu_capacity,
     release,
 )
+from sessions.gpus.holders import Holder
 from sessions.gpus.models import Gpu, GpuInstance, SimulatedGpuInstance, Slice, SliceQuota
 from tests.gpus import checker
 
@@ -27,12 +28,12 @@ def mig(profile: str, **kwargs: str) -> SliceRequest:
 
 
 def test_a_mig_slice_gets_its_own_mig_device(h200s: list[Gpu], many_slices: User) -> None:
-    taken = allocate(many_slices, mig("3g.71gb"), holder="session:1")
+    taken = allocate(many_slices, mig("3g.71gb"), holder=Holder.notebook(1))
     assert taken.device_uuid.startswith("MIG-")
     assert taken.gpu.model_name == H200
     assert (taken.placement_start, taken.placement_size, taken.compute_slices) in {(0, 4, 3), (4, 4, 3)}
     assert SimulatedGpuInstance.objects.get(device_uuid=taken.device_uuid).profile == "3g.71gb"
-    assert taken.holder == "session:1"
+    assert taken.holder == Holder.notebook(1)
     assert checker.problems() == []
 
 

@@ -10,6 +10,7 @@ from django.test import Client
 from django.urls import reverse
 
 from sessions.gpus.allocator import SliceRequest, allocate
+from sessions.gpus.holders import Holder
 from sessions.gpus.models import Gpu, GpuHost, GpuInstance, Slice
 
 pytestmark = pytest.mark.django_db
@@ -93,13 +94,13 @@ def test_a_user_gets_403_and_an_anonymous_visitor_goes_to_log_in(h200s: list[Gpu
 def test_the_picture_shows_a_block_per_instance_with_its_profile_and_owner(
     h200s: list[Gpu], many_slices: User, operator: Client
 ) -> None:
-    taken = allocate(many_slices, SliceRequest(kind="mig", profile="3g.71gb"), holder="session:7")
+    taken = allocate(many_slices, SliceRequest(kind="mig", profile="3g.71gb"), holder=Holder.notebook(7))
     page = operator.get(detail_url(taken.gpu)).content.decode()
     start = taken.placement_start
     assert start is not None
     end = start + 3
     assert f"col-{start + 1} span-4" in page  # classes, not style="": the CSP allows no inline style
-    assert blocks(page).count("3g.71gb alice session:7") == 1
+    assert blocks(page).count("3g.71gb alice notebook:7") == 1
     assert blocks(page).count("free") == 4  # the other half of the GPU, one cell per memory slice
     assert f"<td>{start} to {end}</td>" in page  # the table that describes the picture to screen readers
     assert "Compute slices used: 3 of 7" in page

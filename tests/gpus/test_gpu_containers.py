@@ -8,6 +8,7 @@ import pytest
 from django.contrib.auth.models import User
 
 from sessions.gpus.allocator import SliceRequest, allocate
+from sessions.gpus.holders import Holder
 from sessions.gpus.models import Slice
 from sessions.runtime.docker import DockerRuntime
 from sessions.runtime.slices import limits_for
@@ -43,7 +44,7 @@ def test_a_mig_slice_container_sees_its_own_uuid_and_nothing_else(
     make_fleet: FleetMaker, many_slices: User, runtime: DockerRuntime
 ) -> None:
     make_fleet("dock: 1xH200:mig")
-    mine = allocate(many_slices, SliceRequest(kind="mig", profile="2g.35gb"), holder="session:7")
+    mine = allocate(many_slices, SliceRequest(kind="mig", profile="2g.35gb"), holder=Holder.notebook(7))
     other = allocate(many_slices, SliceRequest(kind="mig", profile="1g.18gb"))
     _, output = run_on(runtime, mine)
     assert output.splitlines() == [f"NVIDIA_VISIBLE_DEVICES={mine.device_uuid}"]
@@ -61,7 +62,7 @@ def test_gpu_containers_carry_limits_labels_and_no_new_privileges(
     make_fleet: FleetMaker, alice: User, runtime: DockerRuntime
 ) -> None:
     make_fleet("dock: 1xH200:mig")
-    taken = allocate(alice, SliceRequest(kind="mig", profile="3g.71gb"), holder="render-job:3")
+    taken = allocate(alice, SliceRequest(kind="mig", profile="3g.71gb"), holder=Holder.render(3))
     container_id, _ = run_on(runtime, taken)
     attrs = runtime.client.containers.get(container_id).attrs
     host = attrs["HostConfig"]
@@ -74,7 +75,7 @@ def test_gpu_containers_carry_limits_labels_and_no_new_privileges(
     assert host["DeviceRequests"][0]["Driver"] == "nvidia"
     labels = attrs["Config"]["Labels"]
     assert labels["gpu-portal.slice"] == str(taken.pk)
-    assert labels["gpu-portal.holder"] == "render-job:3"
+    assert labels["gpu-portal.holder"] == "render:3"
     assert runtime.containers_for("slice", str(taken.pk)) == [container_id]
 
 
@@ -88,8 +89,8 @@ def test_a_busy_container_makes_its_simulated_slice_busy(
     from sessions.metrics.agent import Activity
 
     make_fleet("dock: 1xH200:mig")
-    busy = allocate(many_slices, SliceRequest(kind="mig", profile="1g.18gb"), holder="notebook:1")
-    idle = allocate(many_slices, SliceRequest(kind="mig", profile="1g.18gb"), holder="notebook:2")
+    busy = allocate(many_slices, SliceRequest(kind="mig", profile="1g.18gb"), holder=Holder.notebook(1))
+    idle = allocate(many_slices, SliceRequest(kind="mig", profile="1g.18gb"), holder=Holder.notebook(2))
     spin = ["sh", "-c", "while :; do :; done"]
     for taken, command in ((busy, spin), (idle, ["sleep", "60"])):
         started = runtime.start_for_slice(taken, IMAGE, command=command, nano_cpus=int(1e9))
@@ -112,7 +113,7 @@ def test_a_batch_container_for_a_slice_has_no_network_at_all(
 ) -> None:
     """Render jobs and other batch work run uploaded, hostile files: no interface but loopback."""
     make_fleet("dock: 1xH200:mig")
-    taken = allocate(alice, SliceRequest(kind="mig", profile="1g.18gb"), holder="render-job:1")
+    taken = allocate(alice, SliceRequest(kind="mig", profile="1g.18gb"), holder=Holder.render(1))
     container_id, output = run_on_with(runtime, taken, ["ls", "/sys/class/net"])
     assert output.split() == ["lo"]
     host = runtime.client.containers.get(container_id).attrs["HostConfig"]

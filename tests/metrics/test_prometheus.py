@@ -18,6 +18,7 @@ from prometheus_client.samples import Sample
 from sessions.gpus.allocator import SliceRequest, allocate, release
 from sessions.gpus.backends import get_backend
 from sessions.gpus.backends.base import DeviceSample, GpuSample
+from sessions.gpus.holders import Holder
 from sessions.metrics.agent import LATEST_TTL_S, latest_key
 from sessions.metrics.frames import dumps, fleet_frame
 from sessions.notebooks.models import NotebookImage, NotebookSession
@@ -108,7 +109,7 @@ def portal_state(settings, alice: User, bob: User) -> Iterator[None]:  # type: i
     """Three held slices (two 1g.18gb, one whole L4), one released; sessions ready after 4 s, 45 s and 200 s."""
     settings.MAX_SLICES_PER_USER = 10
     use_fleet(settings, "m1: 1xH200:mig, 1xL4:whole")
-    allocate(alice, SliceRequest("mig", "1g.18gb"), holder="notebook:1")
+    allocate(alice, SliceRequest("mig", "1g.18gb"), holder=Holder.notebook(1))
     allocate(bob, SliceRequest("mig", "1g.18gb"))
     allocate(alice, SliceRequest("whole", model="L4-24GB"))
     release(allocate(bob, SliceRequest("mig", "2g.35gb")).pk, by=bob)

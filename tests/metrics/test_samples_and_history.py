@@ -11,6 +11,7 @@ from django.utils import timezone
 from sessions.gpus.allocator import SliceRequest, allocate
 from sessions.gpus.backends import get_backend
 from sessions.gpus.backends.simulated import SimulatedBackend
+from sessions.gpus.holders import Holder
 from sessions.gpus.models import Gpu
 from sessions.metrics import history
 from sessions.metrics.frames import fleet_frame, load_holders, personal_frames
@@ -28,8 +29,8 @@ def backend() -> SimulatedBackend:
 
 def test_samples_follow_activity_and_repeat_for_the_same_second(make_fleet, alice: User) -> None:  # type: ignore[no-untyped-def]
     make_fleet("s: 1xH200:mig, 1xA100-80GB:mig, 1xL4:whole")
-    h200 = allocate(alice, SliceRequest("mig", "3g.71gb", model="H200-SXM5-141GB"), holder="notebook:1")
-    a100 = allocate(alice, SliceRequest("mig", "1g.10gb", model="A100-SXM4-80GB"), holder="notebook:2")
+    h200 = allocate(alice, SliceRequest("mig", "3g.71gb", model="H200-SXM5-141GB"), holder=Holder.notebook(1))
+    a100 = allocate(alice, SliceRequest("mig", "1g.10gb", model="A100-SXM4-80GB"), holder=Holder.notebook(2))
     busy = {h200.device_uuid: 0.9, a100.device_uuid: 0.9}
     first, again = backend().sample(busy, now=NOW), backend().sample(busy, now=NOW)
     assert first == again, "the same second gives the same figures"
@@ -52,10 +53,10 @@ def test_samples_follow_activity_and_repeat_for_the_same_second(make_fleet, alic
 
 def test_a_persons_frame_holds_only_their_own_devices(make_fleet, alice: User, bob: User) -> None:  # type: ignore[no-untyped-def]
     make_fleet("s: 1xH200:mig, 1xA30:shared=2")
-    mine = allocate(alice, SliceRequest("mig", "1g.18gb"), holder="notebook:7")
-    theirs = allocate(bob, SliceRequest("mig", "2g.35gb"), holder="notebook:8")
-    shared_a = allocate(alice, SliceRequest("shared"), holder="notebook:9")
-    allocate(bob, SliceRequest("shared"), holder="notebook:10")
+    mine = allocate(alice, SliceRequest("mig", "1g.18gb"), holder=Holder.notebook(7))
+    theirs = allocate(bob, SliceRequest("mig", "2g.35gb"), holder=Holder.notebook(8))
+    shared_a = allocate(alice, SliceRequest("shared"), holder=Holder.notebook(9))
+    allocate(bob, SliceRequest("shared"), holder=Holder.notebook(10))
     holders = load_holders()
     samples = backend().sample({device: 0.5 for device in holders}, now=NOW)
     frame = fleet_frame("sim", NOW, samples, holders, {}, simulated=True)
@@ -70,7 +71,7 @@ def test_a_persons_frame_holds_only_their_own_devices(make_fleet, alice: User, b
 
 def test_minutes_keep_mean_and_max_per_device_and_holder(make_fleet, alice: User) -> None:  # type: ignore[no-untyped-def]
     make_fleet("s: 1xH200:mig")
-    taken = allocate(alice, SliceRequest("mig", "1g.18gb"), holder="notebook:3")
+    taken = allocate(alice, SliceRequest("mig", "1g.18gb"), holder=Holder.notebook(3))
     holders = load_holders()
     buffer = history.MinuteBuffer()
     start = datetime(2026, 11, 30, 10, 0, tzinfo=UTC).timestamp()

@@ -8,6 +8,7 @@ import pytest
 from django.contrib.auth.models import User
 
 from sessions.gpus.allocator import SliceRequest, allocate
+from sessions.gpus.holders import Holder
 from sessions.gpus.models import GpuHost, Slice
 from sessions.notebooks.reconcile import _release_orphan_slices
 from tests.gpus.conftest import use_fleet
@@ -28,8 +29,8 @@ def test_an_orphan_slice_that_cannot_be_freed_does_not_stop_the_others(settings,
     use_fleet(settings, "here: 1xH200:mig; there: 1xH200:mig")
     settings.MAX_SLICES_PER_USER = 10
     # Two slices whose sessions no longer exist; the second is on a host another process manages.
-    here = allocate(alice, SliceRequest("mig", "1g.18gb", host="here"), holder="notebook:999001")
-    there = allocate(alice, SliceRequest("mig", "1g.18gb", host="there"), holder="notebook:999002")
+    here = allocate(alice, SliceRequest("mig", "1g.18gb", host="here"), holder=Holder.notebook(999001))
+    there = allocate(alice, SliceRequest("mig", "1g.18gb", host="there"), holder=Holder.notebook(999002))
     GpuHost.objects.filter(name="there").update(backend=GpuHost.Backend.NVML)
     kept, logger = Kept(), logging.getLogger("sessions.notebooks.reconcile")
     logger.addHandler(kept)

@@ -10,6 +10,7 @@ from django.contrib.auth.models import User
 from django.test import Client
 
 from sessions.gpus.allocator import SliceRequest, allocate
+from sessions.gpus.holders import Holder
 from sessions.gpus.models import Slice
 from sessions.notebooks.models import NotebookImage, NotebookSession
 from sessions.notebooks.services import (
@@ -37,7 +38,7 @@ def nothing_left(user: User) -> bool:
 def test_a_launch_allocates_a_slice_and_waits_for_the_hub(notebook_image: NotebookImage, alice: User) -> None:
     session = launch(alice, notebook_image)
     assert session.state == NotebookSession.State.STARTING
-    assert session.slice is not None and session.slice.holder == f"notebook:{session.pk}"
+    assert session.slice is not None and session.slice.holder == Holder.notebook(session.pk)
 
 
 @pytest.mark.parametrize("name", ["Lab", "-lab", "lab_1", "a" * 40, "lab 1", "läb", ""])

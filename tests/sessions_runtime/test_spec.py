@@ -11,6 +11,7 @@ from django.test import Client
 
 from sessions.gpus.allocator import SliceRequest, allocate
 from sessions.gpus.backends import get_backend
+from sessions.gpus.holders import Holder
 from sessions.notebooks.models import NotebookImage
 from sessions.notebooks.services import Launch, start_session
 from sessions.runtime.slices import spec_for
@@ -28,7 +29,7 @@ def make_fleet(settings) -> Iterator[FleetMaker]:  # type: ignore[no-untyped-def
 
 def test_a_batch_container_gets_no_network_and_the_hardening(make_fleet: FleetMaker, alice: User) -> None:
     make_fleet("spec: 1xH200:mig")
-    taken = allocate(alice, SliceRequest("mig", "3g.71gb"), holder="render-job:4")
+    taken = allocate(alice, SliceRequest("mig", "3g.71gb"), holder=Holder.render(4))
     spec = spec_for(taken, "gpu-portal/busybox:latest", host_cpus=64)
     config = spec.host_config()
     assert config["network_mode"] == "none"
@@ -41,7 +42,7 @@ def test_a_batch_container_gets_no_network_and_the_hardening(make_fleet: FleetMa
     assert config["nano_cpus"] == 6 * 10**9 and config["pids_limit"] == settings.CONTAINER_PIDS_LIMIT
     assert config["mem_limit"] == int(taken.memory_gib * settings.HOST_MEMORY_PER_GPU_GIB * 1024**3)
     assert spec.labels["gpu-portal.instance"] == settings.INSTANCE_ID
-    assert spec.labels["gpu-portal.slice"] == str(taken.pk) and spec.labels["gpu-portal.holder"] == "render-job:4"
+    assert spec.labels["gpu-portal.slice"] == str(taken.pk) and spec.labels["gpu-portal.holder"] == "render:4"
 
 
 def test_a_container_on_a_bridge_has_ipv6_off_and_one_on_the_host_network_has_no_net_sysctls(

@@ -24,21 +24,10 @@ from sessions.gpus.backends.base import (
     GpuSample,
 )
 from sessions.gpus.catalog import Profile
-from sessions.gpus.placement import Layout, free_starts, layout_of, why_not
-from sessions.gpus.sql import batch, one
+from sessions.gpus.placement import Layout, free_starts, why_not
 
 NAMESPACE = uuid.UUID("5d0f3c1e-8d1a-4c52-9f0e-6a7b9c2d4e10")
-ALIASES = {
-    "H200": "H200-SXM5-141GB",
-    "H100": "H100-SXM5-80GB",
-    "A100-80GB": "A100-SXM4-80GB",
-    "A100-40GB": "A100-SXM4-40GB",
-    "A100": "A100-SXM4-80GB",
-    "A30": "A30-24GB",
-    "L4": "L4-24GB",
-    "L40S": "L40S-48GB",
-    "T4": "T4-16GB",
-}
+ALIASES = catalog.ALIASES
 DEFAULT_FLEET = "sim-1: 2xH200:mig, 1xA100-80GB:whole, 1xA30:shared=4"
 HOST = re.compile(r"^(?P<host>[A-Za-z][\w.-]*)\s*:\s*(?P<items>\d.*)$")
 ITEM = re.compile(r"^(?P<count>\d+)\s*x\s*(?P<model>[\w.-]+):(?P<mode>mig|whole|shared)(?:=(?P<limit>\d+))?$")
@@ -60,7 +49,7 @@ PHYSICS = {
 GPM_FAMILIES = {"H100", "H200"}
 REST_SM_CLOCK_MHZ = 345
 # GPU-instance ids the driver hands out, lowest free first (NVML numbers them from 1; 14 leaves room).
-GI_IDS = ", ".join(f"({n})" for n in range(1, 15))
+GI_IDS = range(1, 15)  # the GPU-instance ids a MIG device hands out
 CONTEXT_MIB = 512  # what a CUDA context holds on a device that has a process
 
 
@@ -204,54 +193,42 @@ class SimulatedBackend:
         return free_starts(spec.model, self._state(gpu_uuid)[0], profile)
 
     def create_instance(self, gpu_uuid: str, profile: Profile, start: int) -> FoundInstance:
-        """Make the instance in one round trip: read the layout it joins and insert it where nothing overlaps.
+        """Make the instance where the catalog's rules allow it, with the lowest free GPU-instance id,
+        as the driver hands them out. The portal holds the GPU's row lock meanwhile."""
+        from sessions.gpus.models import SimulatedGpuInstance
 
-        The row gets the lowest free GPU-instance id, as the driver hands them
-        out. Overlaps are refused by the insert itself; the catalog's other rules
-        (compute slices, how many of a profile) are checked on the layout read
-        beside it, and a refused row is taken out again.
-        """
         spec = self._spec(gpu_uuid)
         if spec.sharing != "mig":
             raise BackendError(f"MIG mode is off on {gpu_uuid}", code="not_supported")
-        device_uuid = f"MIG-{uuid.uuid5(NAMESPACE, f'{gpu_uuid}/{profile.name}/{start}')}"
-        table, end = _table(), start + profile.placement_size
-        before, made = batch(
-            (f"SELECT profile, start FROM {table} WHERE gpu_uuid = %s", [gpu_uuid]),
-            (
-                f"INSERT INTO {table} (gpu_uuid, gi_id, profile, start, size, device_uuid)"
-                f" SELECT %s, free.gi, %s, %s, %s, %s FROM (SELECT min(column1) AS gi FROM (VALUES {GI_IDS}) AS ids"
-                f" WHERE column1 NOT IN (SELECT gi_id FROM {table} WHERE gpu_uuid = %s)) AS free"
-                f" WHERE free.gi IS NOT NULL AND NOT EXISTS (SELECT 1 FROM {table}"
-                " WHERE gpu_uuid = %s AND start < %s AND %s < start + size) RETURNING gi_id",
-                [gpu_uuid, profile.name, start, profile.placement_size, device_uuid, gpu_uuid, gpu_uuid, end, start],
-            ),
-        )
-        problem = why_not(spec.model, layout_of(spec.model, before), profile, start) or (
-            "" if made else "no free GPU-instance id"
-        )
+        layout, used = self._state(gpu_uuid)
+        free_ids = [number for number in GI_IDS if number not in used]
+        problem = why_not(spec.model, layout, profile, start) or ("" if free_ids else "no free GPU-instance id")
         if problem:
-            if made:
-                self.destroy_instance(gpu_uuid, made[0][0])
             raise BackendError(problem, code="insufficient_resources")
+        device_uuid = f"MIG-{uuid.uuid5(NAMESPACE, f'{gpu_uuid}/{profile.name}/{start}')}"
+        SimulatedGpuInstance.objects.create(
+            gpu_uuid=gpu_uuid,
+            gi_id=free_ids[0],
+            profile=profile.name,
+            start=start,
+            size=profile.placement_size,
+            device_uuid=device_uuid,
+        )
         return FoundInstance(
             profile=profile.name,
             start=start,
             size=profile.placement_size,
-            gi_id=made[0][0],
+            gi_id=free_ids[0],
             ci_id=0,
             device_uuid=device_uuid,
         )
 
     def destroy_instance(self, gpu_uuid: str, gi_id: int) -> None:
-        if not one(f"DELETE FROM {_table()} WHERE gpu_uuid = %s AND gi_id = %s RETURNING gi_id", [gpu_uuid, gi_id]):
+        from sessions.gpus.models import SimulatedGpuInstance
+
+        deleted, _ = SimulatedGpuInstance.objects.filter(gpu_uuid=gpu_uuid, gi_id=gi_id).delete()
+        if not deleted:
             raise BackendError(f"no GPU instance {gi_id} on {gpu_uuid}", code="not_found")
-
-
-def _table() -> str:
-    from sessions.gpus.models import SimulatedGpuInstance  # models load after the backends are chosen
-
-    return SimulatedGpuInstance._meta.db_table
 
 
 def _found(row: object) -> FoundInstance:

@@ -1,0 +1,36 @@
+"""What holds a slice: a notebook session or a render job, by id.
+
+A slice records its holder (``Slice.holder``) and the moments its holder ran
+on it (``Slice.held_from`` to ``Slice.held_until``: its container's start and
+the moment it was gone, as Docker reports them). The billing meter reads those
+and nothing else, so every kind of holder is billed the same way.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from django.db import models
+
+
+class HolderKind(models.TextChoices):
+    NOTEBOOK = "notebook", "Notebook session"
+    RENDER = "render", "Render job"
+
+
+@dataclass(frozen=True)
+class Holder:
+    kind: HolderKind
+    id: int
+
+    def __str__(self) -> str:
+        """The holder as text, for container labels and metric frames: ``notebook:12``."""
+        return f"{self.kind.value}:{self.id}"
+
+    @classmethod
+    def notebook(cls, session_id: int) -> Holder:
+        return cls(HolderKind.NOTEBOOK, session_id)
+
+    @classmethod
+    def render(cls, job_id: int) -> Holder:
+        return cls(HolderKind.RENDER, job_id)
