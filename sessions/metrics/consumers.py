@@ -73,8 +73,8 @@ class MetricsConsumer(AsyncWebsocketConsumer):
     async def _group_for(self, user: Any) -> str | None:
         kwargs = self.scope["url_route"]["kwargs"]
         if "session_id" in kwargs:
-            owner = await _session_owner(kwargs["session_id"])
-            if owner is None or (owner != user.pk and not user.is_staff):
+            owner = await _watchable_session_owner(user, kwargs["session_id"])
+            if owner is None:
                 return None
             return push.user_metrics_group(owner)
         if kwargs.get("stream") == "fleet":
@@ -147,7 +147,8 @@ def _latest_client() -> aioredis.Redis:
 
 
 @database_sync_to_async
-def _session_owner(session_id: int) -> int | None:
-    from sessions.notebooks.models import NotebookSession
+def _watchable_session_owner(user: Any, session_id: int) -> int | None:
+    """The owner of a session this person may watch; None for one that is not theirs or does not exist."""
+    from sessions import access
 
-    return NotebookSession.objects.filter(pk=session_id).values_list("owner_id", flat=True).first()
+    return access.sessions_for(user).filter(pk=session_id).values_list("owner_id", flat=True).first()

@@ -1,8 +1,10 @@
 """The portal's internal API for the hub's spawner: launch specs in, lifecycle events back.
 
-Only the hub may call it (the shared service token), and a spec is only
-handed out for a session that is starting for exactly that hub user and
-server: a launch begun anywhere but the portal's form finds nothing here.
+Only the hub may call it (the shared service token), and it speaks for one
+person at a time (``sessions.access``): a spec is only handed out for a
+session that is starting for exactly that hub user and server, so a launch
+begun anywhere but the portal's form finds nothing here, and an event names
+the user whose session it reports.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from django.utils import timezone
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_GET, require_POST
 
+from sessions import access
 from sessions.notebooks import services
 from sessions.notebooks.models import NotebookSession, WorkVolume
 from sessions.runtime.slices import spec_for
@@ -73,16 +76,17 @@ def event(request: HttpRequest) -> HttpResponse:
         return _refuse(403, "This API is for JupyterHub only.")
     try:
         body = json.loads(request.body)
-        session_id, kind = int(body["session"]), str(body["event"])
+        session_id, kind, user = int(body["session"]), str(body["event"]), str(body["user"])
     except (ValueError, KeyError, TypeError):
-        return _refuse(400, "Send JSON with 'session' (a number) and 'event'.")
+        return _refuse(400, "Send JSON with 'session' (a number), 'user' (the hub's user name) and 'event'.")
     if kind not in EVENTS:
         return _refuse(400, f"Unknown event {kind!r}; one of {', '.join(sorted(EVENTS))}.")
     try:
         at = _moment(body.get("at"))
     except ValueError as error:
         return _refuse(400, str(error))
-    if not NotebookSession.objects.filter(pk=session_id).exists():
+    # The hub speaks for the person whose server it runs, and only for their sessions.
+    if not access.sessions_for_hub_user(user).filter(pk=session_id).exists():
         return _refuse(404, "No such session.")
     container_id, message = str(body.get("container_id", "")), str(body.get("message", ""))
     exit_code = body.get("exit_code")

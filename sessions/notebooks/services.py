@@ -19,6 +19,7 @@ from django.utils import timezone
 from portal import push
 from portal.celery import app as celery_app
 from portal.roles import can_launch, launch_refusal
+from sessions import access
 from sessions.gpus.allocator import (
     AllocationRefused,
     SliceRequest,
@@ -159,8 +160,8 @@ def note_step(session_id: int, message: str) -> None:
 
 def launch_spec_for(username: str, server_name: str) -> NotebookSession | None:
     """The starting session a spawner may launch for this hub user and server, if any."""
-    found = NotebookSession.objects.select_related("slice", "slice__gpu", "image", "owner")
-    return found.filter(owner__username=username, server_name=server_name, state=State.STARTING).first()
+    found = access.sessions_for_hub_user(username).select_related("slice", "slice__gpu", "image", "owner")
+    return found.filter(server_name=server_name, state=State.STARTING).first()
 
 
 def record_event(
@@ -200,14 +201,17 @@ def record_event(
 def stop_session(session_id: int, by: User | None, reason: str = NotebookSession.EndReason.USER) -> NotebookSession:
     """Mark the session stopping and ask the hub to stop its server; the end is recorded when it is gone.
 
-    ``by`` is the person asking (owner or staff); None means the portal itself (culling, credit).
+    ``by`` is the person asking (see ``sessions.access``); None means the portal itself (culling, credit).
+    An operator ending someone else's session is recorded as such, so its owner reads who stopped it.
     """
     with transaction.atomic():
         session = NotebookSession.objects.select_for_update().select_related("owner").get(pk=session_id)
-        if by is not None and session.owner_id != by.pk and not by.is_staff:
+        if by is not None and not access.may(by, access.Action.STOP, session):
             raise LaunchRefused("No such session among yours.", code="not_yours")
         if not session.active:
             return session
+        if by is not None and by.pk != session.owner_id and reason == NotebookSession.EndReason.USER:
+            reason = NotebookSession.EndReason.STAFF
         session.state, session.ended_reason = State.STOPPING, reason
         session.save(update_fields=["state", "ended_reason"])
         _announce(session)

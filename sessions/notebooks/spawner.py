@@ -111,7 +111,8 @@ class PortalSpawner(DockerSpawner):
 
     async def _report(self, event: str, session_id: int, **body: Any) -> None:
         try:
-            response = await self._portal("POST", "events", json={"session": session_id, "event": event, **body})
+            report = {"session": session_id, "user": self.user.name, "event": event, **body}
+            response = await self._portal("POST", "events", json=report)
             if response.status_code != 200:
                 self.log.warning("portal refused event %s: %s", event, response.text[:200])
         except requests.RequestException as error:

@@ -6,11 +6,12 @@ from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.contrib.auth.models import User
 from django.http import HttpResponse
-from django.shortcuts import get_object_or_404, redirect, render
+from django.shortcuts import redirect, render
 from django.views.decorators.http import require_POST
 
 from portal.http import PortalRequest
 from portal.roles import can_launch, launch_refusal
+from sessions import access
 from sessions.notebooks.forms import LaunchForm
 from sessions.notebooks.models import NotebookSession
 from sessions.notebooks.offers import offers, request_for
@@ -71,7 +72,8 @@ def launch(request: PortalRequest) -> HttpResponse:
 @login_required
 @require_POST
 def stop(request: PortalRequest, session_id: int) -> HttpResponse:
-    session = get_object_or_404(NotebookSession, pk=session_id, owner=request.user)
+    """Its owner or an operator stops a session; anyone else gets a 404."""
+    session = access.session_for(request.user, session_id, access.Action.STOP)
     assert isinstance(request.user, User)
     stop_session(session.pk, by=request.user)
     messages.info(request, f"Stopping {session.server_name}.")

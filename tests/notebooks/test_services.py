@@ -190,10 +190,16 @@ def test_events_with_bad_bodies_get_clear_errors(notebook_image: NotebookImage, 
     post = hub_client().post
     assert post("/internal/notebooks/events", "nonsense", content_type="application/json").status_code == 400
     bad = post(
-        "/internal/notebooks/events", json.dumps({"session": session.pk, "event": "explode"}), "application/json"
+        "/internal/notebooks/events",
+        json.dumps({"session": session.pk, "user": "alice", "event": "explode"}),
+        "application/json",
     )
     assert bad.status_code == 400 and "Unknown event" in bad.json()["error"]
-    missing = post("/internal/notebooks/events", json.dumps({"session": 999999, "event": "ready"}), "application/json")
+    missing = post(
+        "/internal/notebooks/events",
+        json.dumps({"session": 999999, "user": "alice", "event": "ready"}),
+        "application/json",
+    )
     assert missing.status_code == 404
     for body, error in (
         ({"at": "yesterday"}, "RFC 3339"),
@@ -202,7 +208,7 @@ def test_events_with_bad_bodies_get_clear_errors(notebook_image: NotebookImage, 
     ):
         answer = post(
             "/internal/notebooks/events",
-            json.dumps({"session": session.pk, "event": "stopped", **body}),
+            json.dumps({"session": session.pk, "user": "alice", "event": "stopped", **body}),
             "application/json",
         )
         assert answer.status_code == 400 and error in answer.json()["error"]

@@ -1,0 +1,83 @@
+"""Who may see and act on which notebook sessions and slices: one rule per object type (render jobs next).
+
+Views, consumers, the internal API and the services ask here and nowhere else.
+People reach their own; operators may also view and stop anyone's. Whatever
+someone may not reach answers as if it did not exist (404), so nobody learns
+what others run.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import TypeVar
+
+from django.contrib.auth.models import AnonymousUser, User
+from django.db.models import Model, QuerySet
+from django.http import Http404
+
+from portal.roles import is_operator
+from sessions.gpus.models import Slice
+from sessions.notebooks.models import NotebookSession
+
+Person = User | AnonymousUser
+Owned = TypeVar("Owned", bound=Model)
+
+
+class Action(StrEnum):
+    VIEW = "view"
+    STOP = "stop"  # a session
+    RELEASE = "release"  # a slice
+    HUB = "hub"  # the hub acting for the owner: the launch spec, lifecycle events
+
+
+# Operators run the fleet: they may look at and end anyone's work, never act as its owner.
+OPERATOR_ACTIONS = frozenset({Action.VIEW, Action.STOP, Action.RELEASE})
+
+
+class NotFound(Http404):
+    """Nothing of that number that this person may reach; a view answers 404."""
+
+
+def may(person: Person, action: Action, owned: NotebookSession | Slice) -> bool:
+    """The rule itself, for a row already in hand (a service that has locked it, say)."""
+    return _reaches_everyone(person, action) or (person.is_authenticated and owned.owner_id == person.pk)
+
+
+def sessions_for(person: Person, action: Action = Action.VIEW) -> QuerySet[NotebookSession]:
+    return _scoped(NotebookSession.objects.all(), person, action)
+
+
+def session_for(person: Person, session_id: int, action: Action = Action.VIEW) -> NotebookSession:
+    found = sessions_for(person, action).select_related("slice__gpu__host", "image", "owner")
+    session = found.filter(pk=session_id).first()
+    if session is None:
+        raise NotFound("No such session among yours.")
+    return session
+
+
+def sessions_for_hub_user(username: str) -> QuerySet[NotebookSession]:
+    """What the hub may drive for the person it names (its user names are ours, through our OAuth)."""
+    return NotebookSession.objects.filter(owner__username=username) if username else NotebookSession.objects.none()
+
+
+def slices_for(person: Person, action: Action = Action.VIEW) -> QuerySet[Slice]:
+    return _scoped(Slice.objects.all(), person, action)
+
+
+def slice_for(person: Person, slice_id: int, action: Action = Action.VIEW) -> Slice:
+    taken = slices_for(person, action).select_related("gpu__host").filter(pk=slice_id).first()
+    if taken is None:
+        raise NotFound("No such slice among yours.")
+    return taken
+
+
+def _reaches_everyone(person: Person, action: Action) -> bool:
+    return action in OPERATOR_ACTIONS and is_operator(person)
+
+
+def _scoped(found: QuerySet[Owned], person: Person, action: Action) -> QuerySet[Owned]:
+    if _reaches_everyone(person, action):
+        return found
+    if not person.is_authenticated:
+        return found.none()
+    return found.filter(owner_id=person.pk)
