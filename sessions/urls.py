@@ -8,6 +8,7 @@ from sessions.notebooks import views as notebook_views
 urlpatterns = [
     path("", notebook_views.session_list, name="session-list"),
     path("launch/", notebook_views.launch, name="session-launch"),
+    path("all/", notebook_views.all_sessions, name="session-all"),
     path("<int:session_id>/", metric_views.session_detail, name="session-detail"),
     path("<int:session_id>/stop/", notebook_views.stop, name="session-stop"),
     path("render-jobs/", views.render_job_list, name="render-job-list"),

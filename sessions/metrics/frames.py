@@ -23,6 +23,7 @@ Personal frame (only the person's own slices)::
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -135,3 +136,41 @@ def personal_frames(fleet: dict[str, Any], holders: Holders) -> dict[int, dict[s
 
 def dumps(frame: dict[str, Any]) -> str:
     return json.dumps(frame, separators=(",", ":"))
+
+
+def device_utilisation(texts: Iterable[str], now: float, max_age_s: float) -> dict[str, float | None]:
+    """Each device's utilisation (GPU or MIG device, by UUID) out of fleet frames as the agent published them.
+
+    None where the device reports none. A frame older than ``max_age_s`` says nothing (its agent has
+    gone quiet); anything that is not a frame of ours is skipped: the store is data, never trusted.
+    """
+    found: dict[str, float | None] = {}
+    for text in texts:
+        try:
+            frame = json.loads(text)
+        except ValueError:
+            continue
+        t = _number(frame.get("t")) if isinstance(frame, dict) else None
+        if t is None or now - t > max_age_s:
+            continue
+        for device in _devices(frame):
+            found[device["uuid"]] = _number(device.get("util"))
+    return found
+
+
+def _devices(frame: dict[str, Any]) -> Iterable[dict[str, Any]]:
+    """The GPUs of a fleet frame and their MIG devices, each with a UUID."""
+    gpus = frame.get("gpus")
+    for gpu in gpus if isinstance(gpus, list) else []:
+        if not isinstance(gpu, dict):
+            continue
+        devices = gpu.get("devices")
+        for device in [gpu, *(devices if isinstance(devices, list) else [])]:
+            if isinstance(device, dict) and isinstance(device.get("uuid"), str):
+                yield device
+
+
+def _number(value: object) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        return None
+    return float(value)

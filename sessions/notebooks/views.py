@@ -1,23 +1,34 @@
-"""The Sessions page: launch form and live session cards (htmx; works without JavaScript)."""
+"""The Sessions page (launch form, live session cards) and the operators' page of everyone's sessions.
+
+Both swap their regions with htmx and work without JavaScript."""
 
 from __future__ import annotations
 
+import time
+from dataclasses import dataclass
+
+import redis
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.contrib.auth.models import User
 from django.http import HttpResponse
 from django.shortcuts import redirect, render
-from django.views.decorators.http import require_POST
+from django.views.decorators.http import require_GET, require_POST
 
+from portal.access import staff_required
 from portal.http import PortalRequest
 from portal.roles import can_launch, launch_refusal
 from sessions import access
+from sessions.metrics.agent import latest_frames
+from sessions.metrics.frames import device_utilisation
 from sessions.notebooks.forms import LaunchForm
 from sessions.notebooks.models import NotebookSession
 from sessions.notebooks.offers import offers, request_for
 from sessions.notebooks.services import Launch, LaunchRefused, start_session, stop_session
 
 PAGE = "sessions/session_list.html"
+EVERYONE = "sessions/all_sessions.html"
+LIVE_FOR_S = 10.0  # an agent's latest frame older than this is no longer "live"
 
 
 def _page(request: PortalRequest, form: LaunchForm | None = None, status: int = 200) -> HttpResponse:
@@ -72,9 +83,46 @@ def launch(request: PortalRequest) -> HttpResponse:
 @login_required
 @require_POST
 def stop(request: PortalRequest, session_id: int) -> HttpResponse:
-    """Its owner or an operator stops a session; anyone else gets a 404."""
+    """Its owner, or an operator from the all-sessions page, stops a session; anyone else gets a 404."""
     session = access.session_for(request.user, session_id, access.Action.STOP)
     assert isinstance(request.user, User)
     stop_session(session.pk, by=request.user)
-    messages.info(request, f"Stopping {session.server_name}.")
-    return redirect("session-list") if not request.htmx else _page(request)
+    mine = session.owner_id == request.user.pk
+    messages.info(request, f"Stopping {session.server_name}" + ("." if mine else f" of {session.owner}."))
+    from_everyone = request.POST.get("back") == "all"  # the all-sessions page's form says so
+    if request.htmx:
+        return _everyone(request) if from_everyone else _page(request)
+    return redirect("session-all" if from_everyone else "session-list")
+
+
+@dataclass(frozen=True)
+class Row:
+    """One session on the operators' page, with its device's utilisation in the latest live frame."""
+
+    session: NotebookSession
+    live: bool  # the device is in a live frame (it may still report no utilisation: None)
+    utilisation: float | None
+
+
+@staff_required
+@require_GET
+def all_sessions(request: PortalRequest) -> HttpResponse:
+    return _everyone(request)
+
+
+def _everyone(request: PortalRequest) -> HttpResponse:
+    active = access.sessions_for(request.user).filter(state__in=NotebookSession.ACTIVE)
+    sessions = active.select_related("owner", "slice__gpu__host", "image").order_by("requested_at")
+    try:
+        live: dict[str, float | None] | None = device_utilisation(latest_frames().values(), time.time(), LIVE_FOR_S)
+    except redis.RedisError:
+        live = None
+    rows = [_row(session, live or {}) for session in sessions]
+    context = {"rows": rows, "live_unavailable": live is None}
+    target = "#all-sessions" if request.htmx and request.htmx.target == "all-sessions" else ""
+    return render(request, EVERYONE + target, context)
+
+
+def _row(session: NotebookSession, live: dict[str, float | None]) -> Row:
+    device = session.slice.device_uuid if session.slice else ""
+    return Row(session, device in live, live.get(device))

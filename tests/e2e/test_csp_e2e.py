@@ -72,6 +72,7 @@ def visits_for(role: str, session: NotebookSession) -> list[Visit]:
             Visit("fleet", "/sessions/fleet/", ".fleet-host"),
             Visit("fleet-gpu", f"/sessions/fleet/gpus/{mig_gpu}/", ".mig-map .mig-block.used"),
             Visit("fleet-live", "/sessions/fleet/live/", "#fleet-tiles .mig-devices li"),
+            Visit("all-sessions", "/sessions/all/", "#all-sessions [data-testid='utilisation'] meter"),
         ],
         "root": [
             Visit("admin-index", "/admin/", "#content-main"),

@@ -117,6 +117,7 @@ def hostile(settings, alice: User, staff: User, notebook_image: NotebookImage) -
             "/sessions/": cards,
             f"/sessions/{session.pk}/": [img("image"), img("host")],
             "/sessions/fleet/": fleet,
+            "/sessions/all/": [img("host")],
             f"/sessions/fleet/gpus/{mig_gpu.pk}/": [img("host"), img("username")],
             f"/sessions/fleet/gpus/{odd_gpu.pk}/": [img("host"), img("model"), script("state detail")],
         },
@@ -228,6 +229,7 @@ def test_markup_in_the_database_shows_as_text_on_the_fleet_and_admin_pages(
     assert_shows_as_text(page, watch, "staff dashboard", [img("heartbeat")])
     for path in (
         "/sessions/fleet/",
+        "/sessions/all/",
         f"/sessions/fleet/gpus/{hostile.mig_gpu.pk}/",
         f"/sessions/fleet/gpus/{hostile.odd_gpu.pk}/",
     ):
