@@ -16,7 +16,15 @@ OPERATORS = "operators"
 BILLING = "billing"
 ROLE_PERMISSIONS: dict[str, list[str]] = {
     USERS: [],
-    OPERATORS: [],
+    # The admin's notebook pages: images, and a session's idle exemption (the rest of a session is read-only).
+    OPERATORS: [
+        "gpu_sessions.view_notebooksession",
+        "gpu_sessions.change_notebooksession",
+        "gpu_sessions.view_notebookimage",
+        "gpu_sessions.add_notebookimage",
+        "gpu_sessions.change_notebookimage",
+        "gpu_sessions.delete_notebookimage",
+    ],
     BILLING: ["billing.view_finance"],
 }
 

@@ -222,6 +222,24 @@ def stop_session(session_id: int, by: User | None, reason: str = NotebookSession
     return session
 
 
+def exempt_from_idle_stop(session_id: int, exempt: bool = True) -> NotebookSession:
+    """Operators: never stop this session for being idle (the maximum age still applies), or again do.
+
+    Exempting withdraws a warning already given, which may have been the idle one; the next cull
+    warns again if the maximum age is near.
+    """
+    with transaction.atomic():
+        session = NotebookSession.objects.select_for_update().get(pk=session_id)
+        if session.idle_exempt == exempt:
+            return session
+        session.idle_exempt = exempt
+        if exempt:
+            session.warned_at, session.warning = None, ""
+        session.save(update_fields=["idle_exempt", "warned_at", "warning"])
+        _announce(session)
+    return session
+
+
 def fail(session_id: int, message: str, detail: str = "", forget: bool = False) -> NotebookSession:
     """A session that could not start: ``message`` for its owner, in words; ``detail`` for operators."""
     with transaction.atomic():
