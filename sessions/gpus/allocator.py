@@ -166,6 +166,16 @@ def _first_look(owner: User, request: SliceRequest) -> tuple[int, int, list[tupl
     return limit, int(held[0][0]), groups[0] if groups else []
 
 
+def hold_every_pool() -> None:
+    """Wait for every allocation in flight and keep new ones waiting until the caller's transaction ends
+    (fleet discovery compares the driver's instances with the rows at one moment)."""
+    if connection.vendor != "postgresql":
+        return
+    pools = [Slice.Kind.WHOLE, Slice.Kind.SHARED] + [f"mig:{m.name}" for m in catalog.models().values() if m.profiles]
+    keys = sorted(_lock_key(pool) for pool in pools)
+    _batch(("SELECT count(pg_advisory_xact_lock(k)) FROM unnest(%s::bigint[]) AS k", [keys]))
+
+
 def _pools(request: SliceRequest) -> list[str]:
     if request.kind != Slice.Kind.MIG:
         return [request.kind]

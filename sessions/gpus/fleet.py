@@ -12,6 +12,7 @@ from django.db.models import Count, Q
 from django.utils import timezone
 
 from sessions.gpus import placement
+from sessions.gpus.allocator import hold_every_pool
 from sessions.gpus.backends import backend_for_host, get_backend
 from sessions.gpus.backends.base import FoundGpu, FoundHost, GpuBackend
 from sessions.gpus.catalog import UnknownModel
@@ -25,29 +26,36 @@ class FleetChangeRefused(ValueError):
 
 
 def sync_fleet(backend: GpuBackend | None = None) -> list[GpuHost]:
-    """Record every host, GPU and MIG instance the backend finds; mark GPUs it no longer finds."""
+    """Record every host, GPU and MIG instance the backend finds; mark GPUs it no longer finds.
+
+    Allocations wait meanwhile: the driver is asked only once every allocation in flight has
+    recorded what it made (or rolled back), so its answer and the rows are compared at one moment.
+    """
     backend = backend or get_backend()
     hosts = []
-    for found in backend.discover():
-        with transaction.atomic():
-            hosts.append(_sync_host(found))
+    with transaction.atomic():
+        hold_every_pool()
+        list(Gpu.objects.select_for_update().order_by("pk").values_list("pk", flat=True))  # releases in flight
+        for found in backend.discover():
+            with transaction.atomic():
+                hosts.append(_sync_host(found, backend))
     return hosts
 
 
-def _sync_host(found: FoundHost) -> GpuHost:
+def _sync_host(found: FoundHost, backend: GpuBackend) -> GpuHost:
     host, _ = GpuHost.objects.update_or_create(
         name=found.name,
         defaults={"backend": found.backend, "driver_version": found.driver_version, "last_seen": timezone.now()},
     )
     seen = []
     for found_gpu in found.gpus:
-        gpu = _sync_gpu(host, found_gpu)
+        gpu = _sync_gpu(host, found_gpu, backend)
         seen.append(gpu.pk)
     host.gpus.exclude(pk__in=seen).update(state=Gpu.State.MISSING, state_detail="Not found at the last discovery.")
     return host
 
 
-def _sync_gpu(host: GpuHost, found: FoundGpu) -> Gpu:
+def _sync_gpu(host: GpuHost, found: FoundGpu, backend: GpuBackend) -> Gpu:
     gpu, _ = Gpu.objects.select_for_update().get_or_create(
         uuid=found.uuid,
         defaults={
@@ -63,7 +71,7 @@ def _sync_gpu(host: GpuHost, found: FoundGpu) -> Gpu:
     gpu.model_name, gpu.memory_mib = found.model_name, found.memory_mib
     gpu.mig_capable, gpu.mig_enabled, gpu.mig_pending = found.mig_capable, found.mig_enabled, found.mig_pending
     gpu.state, gpu.state_detail = _state_of(gpu, found)
-    _sync_instances(gpu, found)
+    _sync_instances(gpu, found, backend)
     gpu.save()
     return gpu
 
@@ -80,7 +88,11 @@ def _state_of(gpu: Gpu, found: FoundGpu) -> tuple[str, str]:
     return Gpu.State.OK, ""
 
 
-def _sync_instances(gpu: Gpu, found: FoundGpu) -> None:
+def _sync_instances(gpu: Gpu, found: FoundGpu, backend: GpuBackend) -> None:
+    """Follow the driver's instances. One the portal never recorded on a dynamic GPU was made for an
+    allocation whose transaction never committed (the portal records each one it makes in the same
+    transaction): it is reclaimed, not adopted, or it would block that room for good. On a static GPU
+    an unrecorded instance is an operator's, made outside the portal, and becomes part of the layout."""
     on_device = {instance.device_uuid: instance for instance in found.instances}
     for recorded in gpu.instances.all():
         if recorded.device_uuid not in on_device:
@@ -88,7 +100,12 @@ def _sync_instances(gpu: Gpu, found: FoundGpu) -> None:
             recorded.delete()
     known = set(gpu.instances.values_list("device_uuid", flat=True))
     for device_uuid, instance in on_device.items():
-        if device_uuid not in known:
+        if device_uuid in known:
+            continue
+        if gpu.sharing == Gpu.Sharing.MIG and gpu.mig_policy == Gpu.Policy.DYNAMIC:
+            log.warning("reclaiming MIG instance %s on %s: no slice of the portal's holds it", device_uuid, gpu)
+            backend.destroy_instance(gpu.uuid, instance.gi_id)
+        else:
             GpuInstance.record(gpu, instance, GpuInstance.Origin.LAYOUT)
     recount(gpu)
 
