@@ -32,7 +32,7 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "portal.settings")
 django.setup()
 
 from bench.report import Result  # noqa: E402
-from bench.server import ROOT, bench_database_url  # noqa: E402
+from bench.server import ROOT, bench_database_url, drop_bench_database  # noqa: E402
 from sessions.gpus import catalog, placement  # noqa: E402
 from sessions.gpus.catalog import GpuModel, Profile  # noqa: E402
 from sessions.gpus.placement import Layout  # noqa: E402
@@ -49,6 +49,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--churn-requests", type=int, default=20000, help="arrivals per churn run (default 20000)")
     parser.add_argument("--gpus", type=int, default=1000, help="fleet size for decision time (default 1000)")
     parser.add_argument("--decisions", type=int, default=2000, help="allocate+release pairs timed (default 2000)")
+    parser.add_argument(
+        "--processes", type=int, default=8, help="processes allocating and releasing at once (default 8)"
+    )
     parser.add_argument("--seed", type=int, default=2026)
     parser.add_argument(
         "--only",
@@ -283,8 +286,11 @@ def decision_time(args: argparse.Namespace) -> dict[str, object]:
             PORTAL_SIMULATED_FLEET=f"bench: {args.gpus}xH200:mig",
             PORTAL_LOG_LEVEL="WARNING",
         )
-        command = [sys.executable, "-m", "bench.allocator_db", str(args.decisions), str(args.seed)]
-        output = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, check=False)
+        command = [sys.executable, "-m", "bench.allocator_db", str(args.decisions), str(args.seed), str(args.processes)]
+        try:
+            output = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, check=False)
+        finally:
+            drop_bench_database()
     if output.returncode:
         raise RuntimeError(f"the decision-time child failed:\n{output.stderr[-3000:]}")
     figures = dict(json.loads(output.stdout.strip().splitlines()[-1]))
