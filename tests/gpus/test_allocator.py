@@ -178,3 +178,19 @@ def test_static_capacity_ignores_whole_and_shared_slices_elsewhere(h200s: list[G
     allocate(many_slices, SliceRequest(kind=Slice.Kind.SHARED))
     allocate(many_slices, SliceRequest(kind=Slice.Kind.WHOLE))
     assert gpu_capacity(Gpu.objects.get(pk=gpu.pk))["3g.71gb"] == 2
+
+
+def test_the_database_refuses_a_holder_without_an_id_or_an_end_before_the_start(
+    h200s: list[Gpu], many_slices: User
+) -> None:
+    from datetime import timedelta
+
+    from django.db import IntegrityError, transaction
+    from django.utils import timezone
+
+    taken = allocate(many_slices, mig("1g.18gb"), holder=Holder.render(3))
+    now = timezone.now()
+    for bad in ({"holder_id": None}, {"held_until": now}, {"held_from": now, "held_until": now - timedelta(seconds=1)}):
+        with pytest.raises(IntegrityError), transaction.atomic():
+            Slice.objects.filter(pk=taken.pk).update(**bad)
+    Slice.objects.filter(pk=taken.pk).update(held_from=now, held_until=now)  # a holder that ran for no time at all

@@ -106,6 +106,28 @@ def test_lifecycle_moments_are_written_once(notebook_image: NotebookImage, alice
     assert nothing_left(alice)
 
 
+def test_the_slice_records_its_holder_and_the_moments_it_ran_there(notebook_image: NotebookImage, alice: User) -> None:
+    """What billing reads: the holder by kind and id, held from the container's start to the moment it was gone."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    session = launch(alice, notebook_image)
+    slice_id = session.slice_id
+    assert slice_id is not None
+    assert Slice.objects.get(pk=slice_id).held_from is None  # allocated, nothing runs on it yet
+    started = timezone.now() - timedelta(minutes=3)
+    record_event(session.pk, "container_started", container_id="abc", at=started)
+    record_event(session.pk, "container_started", container_id="abc", at=timezone.now())  # a repeat changes nothing
+    held = Slice.objects.get(pk=slice_id)
+    assert (held.holder, held.held_from, held.held_until) == (Holder.notebook(session.pk), started, None)
+    gone = started + timedelta(seconds=150)
+    ended = record_event(session.pk, "stopped", end=ContainerEnd(at=gone, exit_code=0))
+    held.refresh_from_db()
+    assert (held.held_from, held.held_until, ended.container_gone_at) == (started, gone, gone)
+    assert not held.active
+
+
 def test_a_failed_start_releases_the_slice_and_keeps_the_reason(notebook_image: NotebookImage, alice: User) -> None:
     session = launch(alice, notebook_image)
     failed = record_event(session.pk, "failed", message="404 Client Error: image missing")
