@@ -189,6 +189,9 @@ class SupervisedRun:
         raise TimeoutError(f"{what}: not within {timeout} s (see artifacts/logs/)")
 
     def ready(self, timeout: float) -> None:
+        # This run's supervisord first: after a crash the programs it left still answer on their ports while
+        # the new run's start-up (migrations, discovery, the network) takes its time on a slow machine.
+        self.wait(lambda: self.rpc().supervisor.getState()["statename"] == "RUNNING", timeout, "supervisord")
         self.wait(lambda: answers_200(f"{self.public}/healthz"), timeout, "the portal through the proxy")
         self.wait(lambda: answers_200(f"{self.public}/jupyter/hub/api/"), 60, "the hub through the proxy")
         self.wait(lambda: answers_200(self.hub_api), 30, "the hub's own address")
