@@ -333,16 +333,7 @@ def _made(owner: User, profile: Profile, start: int, claimed: tuple[int, str, st
     except BackendError as error:
         _unclaim(gpu_id, profile, start)
         raise AllocationRefused(f"The GPU host refused the slice: {error}", code="backend") from None
-    instance = GpuInstance(
-        gpu_id=gpu_id,
-        profile=made.profile,
-        start=made.start,
-        size=made.size,
-        gi_id=made.gi_id,
-        ci_id=made.ci_id,
-        device_uuid=made.device_uuid,
-        origin=GpuInstance.Origin.DYNAMIC,
-    )
+    instance = GpuInstance.of(gpu_id, made, GpuInstance.Origin.DYNAMIC)
     taken = _slice(owner, gpu_id, Slice.Kind.MIG, holder, made.device_uuid, profile.compute_slices, profile.memory_gib)
     taken.profile, taken.placement_start, taken.placement_size = profile.name, made.start, made.size
     fields = [field for field in GpuInstance._meta.concrete_fields if not field.primary_key]

@@ -136,10 +136,10 @@ class GpuInstance(models.Model):
         return f"{self.profile}@{self.start} on {self.gpu}"
 
     @classmethod
-    def record(cls, gpu: Gpu, found: FoundInstance, origin: str) -> GpuInstance:
-        """Record an instance the backend created or found on ``gpu``."""
-        return cls.objects.create(
-            gpu=gpu,
+    def of(cls, gpu_id: int, found: FoundInstance, origin: str) -> GpuInstance:
+        """The row (not yet saved) for an instance the backend created or found on a GPU."""
+        return cls(
+            gpu_id=gpu_id,
             profile=found.profile,
             start=found.start,
             size=found.size,
@@ -148,6 +148,14 @@ class GpuInstance(models.Model):
             device_uuid=found.device_uuid,
             origin=origin,
         )
+
+    @classmethod
+    def record(cls, gpu: Gpu, found: FoundInstance, origin: str) -> GpuInstance:
+        """Record an instance the backend created or found on ``gpu``."""
+        instance = cls.of(gpu.pk, found, origin)
+        instance.gpu = gpu
+        instance.save(force_insert=True)
+        return instance
 
 
 class Slice(models.Model):
