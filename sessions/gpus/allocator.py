@@ -36,6 +36,7 @@ from django.utils import timezone
 
 from sessions.gpus import catalog, demand, placement
 from sessions.gpus.backends import BackendError, backend_for_host
+from sessions.gpus.backends.base import FoundInstance
 from sessions.gpus.catalog import GpuModel, Profile
 from sessions.gpus.holders import Holder
 from sessions.gpus.models import Gpu, GpuHost, GpuInstance, Slice, SliceQuota
@@ -153,8 +154,7 @@ def _first_look(owner: User, request: SliceRequest) -> tuple[int, int, list[tupl
     statements: list[tuple[str, Sequence[Any]]] = []
     turn = connection.vendor == "postgresql"
     if turn:
-        keys = sorted(_lock_key(pool) for pool in _pools(request))
-        statements.append(("SELECT count(pg_advisory_xact_lock(k)) FROM unnest(%s::bigint[]) AS k", [keys]))
+        statements.append(_turn(_pools(request)))
     lock = " FOR NO KEY UPDATE OF u" if connection.features.has_select_for_update_of else ""
     user = f"SELECT q.max_slices FROM {USER} u LEFT JOIN {QUOTA} q ON q.user_id = u.id WHERE u.id = %s{lock}"
     statements.append((user, [owner.pk]))
@@ -169,18 +169,24 @@ def _first_look(owner: User, request: SliceRequest) -> tuple[int, int, list[tupl
 def hold_every_pool() -> None:
     """Wait for every allocation in flight and keep new ones waiting until the caller's transaction ends
     (fleet discovery compares the driver's instances with the rows at one moment)."""
-    if connection.vendor != "postgresql":
-        return
-    pools = [Slice.Kind.WHOLE, Slice.Kind.SHARED] + [f"mig:{m.name}" for m in catalog.models().values() if m.profiles]
-    keys = sorted(_lock_key(pool) for pool in pools)
-    _batch(("SELECT count(pg_advisory_xact_lock(k)) FROM unnest(%s::bigint[]) AS k", [keys]))
+    if connection.vendor == "postgresql":
+        _batch(_turn([Slice.Kind.WHOLE, Slice.Kind.SHARED, *_mig_pools()]))
 
 
 def _pools(request: SliceRequest) -> list[str]:
     if request.kind != Slice.Kind.MIG:
         return [request.kind]
-    names = [request.model] if request.model else [m.name for m in catalog.models().values() if m.profiles]
-    return [f"mig:{name}" for name in names]
+    return [f"mig:{request.model}"] if request.model else _mig_pools()
+
+
+def _mig_pools() -> list[str]:
+    return [f"mig:{model.name}" for model in catalog.models().values() if model.profiles]
+
+
+def _turn(pools: Sequence[str]) -> tuple[str, list[Any]]:
+    """The statement that waits for these pools' turns, in the keys' order (no two requests wait in a circle)."""
+    keys = sorted(_lock_key(pool) for pool in pools)
+    return "SELECT count(pg_advisory_xact_lock(k)) FROM unnest(%s::bigint[]) AS k", [keys]
 
 
 def _lock_key(pool: str) -> int:
@@ -334,14 +340,11 @@ def _made(owner: User, profile: Profile, start: int, claimed: tuple[int, str, st
         _unclaim(gpu_id, profile, start)
         raise AllocationRefused(f"The GPU host refused the slice: {error}", code="backend") from None
     instance = GpuInstance.of(gpu_id, made, GpuInstance.Origin.DYNAMIC)
-    taken = _slice(owner, gpu_id, Slice.Kind.MIG, holder, made.device_uuid, profile.compute_slices, profile.memory_gib)
-    taken.profile, taken.placement_start, taken.placement_size = profile.name, made.start, made.size
-    fields = [field for field in GpuInstance._meta.concrete_fields if not field.primary_key]
-    columns = ", ".join(field.column for field in fields)
-    values = [field.get_db_prep_save(getattr(instance, field.attname), connection) for field in fields]
+    taken = _mig_slice(owner, gpu_id, holder, profile, made)
     created, recorded = _batch(
-        (f"INSERT INTO {INSTANCE} ({columns}) VALUES ({', '.join(['%s'] * len(fields))}) RETURNING id", values),
-        _insert_slice(taken, instance_sql=f"(SELECT id FROM {INSTANCE} WHERE device_uuid = %s)"),
+        _insert(instance),
+        # Its instance by device UUID in the same round trip, before the instance's id is known here.
+        _insert(taken, instance=(f"(SELECT id FROM {INSTANCE} WHERE device_uuid = %s)", made.device_uuid)),
     )
     instance.pk, taken.instance_id, taken.pk = created[0][0], created[0][0], recorded[0][0]
     return taken
@@ -363,19 +366,26 @@ def _slice(
     )
 
 
-def _insert_slice(taken: Slice, instance_sql: str = "") -> tuple[str, list[Any]]:
-    """The INSERT for a new slice; ``instance_sql`` finds its instance by device UUID in the same statement."""
-    fields = [field for field in Slice._meta.concrete_fields if not field.primary_key]
-    columns, marks, values = [], [], []
+def _mig_slice(
+    owner: User, gpu_id: int, holder: Holder | None, profile: Profile, placed: FoundInstance | GpuInstance
+) -> Slice:
+    taken = _slice(
+        owner, gpu_id, Slice.Kind.MIG, holder, placed.device_uuid, profile.compute_slices, profile.memory_gib
+    )
+    taken.profile, taken.placement_start, taken.placement_size = profile.name, placed.start, placed.size
+    return taken
+
+
+def _insert(row: Slice | GpuInstance, **sql: tuple[str, Any]) -> tuple[str, list[Any]]:
+    """The INSERT ... RETURNING id for an unsaved row; ``sql`` gives a field an SQL expression and its one parameter."""
+    fields = [field for field in type(row)._meta.concrete_fields if not field.primary_key]
+    marks, values = [], []
     for field in fields:
-        columns.append(field.column)
-        if field.name == "instance" and instance_sql:
-            marks.append(instance_sql)
-            values.append(taken.device_uuid)
-        else:
-            marks.append("%s")
-            values.append(field.get_db_prep_save(getattr(taken, field.attname), connection))
-    return f"INSERT INTO {SLICE} ({', '.join(columns)}) VALUES ({', '.join(marks)}) RETURNING id", values
+        mark, value = sql.get(field.name, ("%s", field.get_db_prep_save(getattr(row, field.attname), connection)))
+        marks.append(mark)
+        values.append(value)
+    columns = ", ".join(field.column for field in fields)
+    return f"INSERT INTO {row._meta.db_table} ({columns}) VALUES ({', '.join(marks)}) RETURNING id", values
 
 
 def _unclaim(gpu_id: int, profile: Profile, start: int) -> None:
@@ -392,11 +402,8 @@ def _layout_values(layout: Layout) -> list[Any]:
 
 
 def _record(owner: User, gpu: Gpu, instance: GpuInstance, profile: Profile, holder: Holder | None) -> Slice:
-    taken = _slice(
-        owner, gpu.pk, Slice.Kind.MIG, holder, instance.device_uuid, profile.compute_slices, profile.memory_gib
-    )
-    taken.instance, taken.profile = instance, profile.name
-    taken.placement_start, taken.placement_size = instance.start, instance.size
+    taken = _mig_slice(owner, gpu.pk, holder, profile, instance)
+    taken.instance = instance
     taken.save(force_insert=True)
     return taken
 
