@@ -1,6 +1,25 @@
-"""Billing models. Prices, meter and ledger arrive with the billing issue."""
+"""Billing records: prices, usages and their charged minutes, and the double-entry ledger.
 
+A usage is one holding of a slice (``Slice.held_from`` to ``Slice.held_until``)
+with the rate frozen from the price in force when it began; each of its started
+minutes is one ``ChargedMinute`` row, unique per (usage, minute), written in the
+same database transaction as the ledger entries that charge it. Ledger rows are
+append-only: a correction is a reversing transaction (PostgreSQL refuses an
+update, a delete and an unbalanced transaction: migration 0003).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.conf import settings
+from django.core.exceptions import ValidationError
 from django.db import models
+from django.db.models import F, Q
+from django.utils import timezone
+
+from billing import money
+from sessions.gpus.models import Slice
 
 
 class FinanceAccess(models.Model):
@@ -13,3 +32,193 @@ class FinanceAccess(models.Model):
 
     def __str__(self) -> str:
         return "finance access"
+
+
+class Market(models.TextChoices):
+    ON_DEMAND = "on_demand", "On-demand"
+    SPOT = "spot", "Spot"
+
+
+class Price(models.Model):
+    """An hourly rate for one GPU model, kind and market, from ``effective_from`` until the next one."""
+
+    model_name = models.CharField(max_length=64, help_text="Catalog model, e.g. A100-SXM4-80GB.")
+    kind = models.CharField(max_length=10, choices=Slice.Kind.choices)
+    profile = models.CharField(
+        max_length=32, blank=True, help_text="The MIG profile (e.g. 3g.40gb); empty for a whole GPU or a share."
+    )
+    market = models.CharField(max_length=10, choices=Market.choices, default=Market.ON_DEMAND)
+    per_hour = models.DecimalField(
+        max_digits=12,
+        decimal_places=money.RATE_PLACES,
+        help_text="Per hour of what is held; for time-sliced shares of the whole GPU, of which each share pays 1/N.",
+    )
+    per_minute = models.DecimalField(max_digits=14, decimal_places=money.AMOUNT_PLACES, editable=False)
+    effective_from = models.DateTimeField()
+    source = models.CharField(max_length=300, blank=True, help_text="Where the figure comes from, or why it changed.")
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, null=True, blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["model_name", "kind", "profile", "market", "-effective_from"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["model_name", "kind", "profile", "market", "effective_from"], name="price_one_per_moment"
+            ),
+            models.CheckConstraint(condition=Q(per_hour__gte=0), name="price_not_negative"),
+        ]
+        indexes = [
+            models.Index(fields=["model_name", "kind", "profile", "market", "-effective_from"], name="price_lookup_idx")
+        ]
+
+    def __str__(self) -> str:
+        return (
+            f"{self.model_name} {self.label} {self.get_market_display()}: {self.per_hour}/h from {self.effective_from}"
+        )
+
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        if self.pk is not None:
+            raise ValidationError("A price is never changed; add a new one from a later moment.")
+        self.per_minute = money.per_minute(self.per_hour)
+        super().save(*args, **kwargs)
+
+    @property
+    def label(self) -> str:
+        if self.kind == Slice.Kind.MIG:
+            return f"MIG {self.profile}"
+        if self.kind == Slice.Kind.SHARED:
+            return "time-sliced GPU, each of N shares 1/N"
+        return "whole GPU"
+
+
+class Usage(models.Model):
+    """One holding of a slice as billing sees it: who, at which frozen rate, and how far it is charged."""
+
+    slice = models.OneToOneField(Slice, on_delete=models.PROTECT, related_name="usage")
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="usages")
+    holder_kind = models.CharField(max_length=16)
+    holder_id = models.PositiveBigIntegerField(null=True)
+    market = models.CharField(max_length=10, choices=Market.choices)
+    price = models.ForeignKey(Price, on_delete=models.PROTECT, related_name="usages")
+    per_minute = models.DecimalField(
+        max_digits=14, decimal_places=money.AMOUNT_PLACES, help_text="Frozen from the price in force at the start."
+    )
+    shares = models.PositiveSmallIntegerField(default=1, help_text="N of a time-sliced GPU at the start; else 1.")
+    started = models.DateTimeField(help_text="The slice's held_from.")
+    ended = models.DateTimeField(null=True, blank=True, help_text="The slice's held_until (or its release).")
+    billed_minutes = models.PositiveIntegerField(default=0, help_text="Minutes 0 .. this - 1 are charged.")
+    open = models.BooleanField(default=True, help_text="Until it has ended and is charged to its end.")
+
+    class Meta:
+        ordering = ["-started"]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(ended__isnull=True) | Q(ended__gte=F("started")), name="usage_ends_after_start"
+            ),
+        ]
+        # The tick reads the open usages only: a partial index keeps that independent of history.
+        indexes = [
+            models.Index(fields=["id"], condition=Q(open=True), name="usage_open_idx"),
+            models.Index(fields=["owner", "started"], name="usage_owner_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"usage of slice {self.slice_id} by {self.owner_id} from {self.started}"
+
+
+class Account(models.Model):
+    """A ledger account: a person's wallet, or one of the portal's own."""
+
+    class Kind(models.TextChoices):
+        WALLET = "wallet", "Wallet"
+        REVENUE_ON_DEMAND = "revenue_on_demand", "Revenue, on-demand"
+        REVENUE_SPOT = "revenue_spot", "Revenue, spot"
+        PROMOTIONAL = "promotional", "Promotional credit given"
+        TOP_UPS = "top_ups", "Top-ups received"
+
+    kind = models.CharField(max_length=20, choices=Kind.choices)
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.PROTECT, null=True, blank=True, related_name="accounts"
+    )
+
+    class Meta:
+        ordering = ["kind", "user_id"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["kind", "user"], condition=Q(user__isnull=False), name="account_one_per_user"
+            ),
+            models.UniqueConstraint(fields=["kind"], condition=Q(user__isnull=True), name="account_one_of_the_portal"),
+            models.CheckConstraint(
+                condition=Q(kind="wallet", user__isnull=False) | (~Q(kind="wallet") & Q(user__isnull=True)),
+                name="account_wallets_belong_to_people",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"wallet of user {self.user_id}" if self.user_id else self.get_kind_display()
+
+
+class LedgerTransaction(models.Model):
+    """Entries posted together; their amounts sum to zero."""
+
+    class Kind(models.TextChoices):
+        USAGE = "usage", "Per-minute charges"
+        GRANT = "grant", "Promotional credit"
+        TOP_UP = "top_up", "Top-up"
+        REVERSAL = "reversal", "Reversal"
+
+    kind = models.CharField(max_length=10, choices=Kind.choices)
+    posted_at = models.DateTimeField(default=timezone.now)
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.PROTECT, null=True, blank=True, related_name="ledger_transactions"
+    )
+    memo = models.CharField(max_length=300, blank=True, help_text="Why: the reason staff gave, or what was charged.")
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.PROTECT, null=True, blank=True, related_name="+"
+    )
+    reverses = models.OneToOneField("self", on_delete=models.PROTECT, null=True, blank=True, related_name="reversed_by")
+
+    class Meta:
+        ordering = ["-posted_at", "-id"]
+        indexes = [models.Index(fields=["user", "posted_at"], name="ledger_txn_user_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.get_kind_display()} #{self.pk} at {self.posted_at}"
+
+
+class Entry(models.Model):
+    """One line of a ledger transaction: an amount added to an account's balance (negative: taken off)."""
+
+    transaction = models.ForeignKey(LedgerTransaction, on_delete=models.PROTECT, related_name="entries")
+    account = models.ForeignKey(Account, on_delete=models.PROTECT, related_name="entries")
+    amount = models.DecimalField(max_digits=18, decimal_places=money.AMOUNT_PLACES)
+
+    class Meta:
+        verbose_name_plural = "entries"
+        ordering = ["id"]
+
+    def __str__(self) -> str:
+        return f"{self.amount} to {self.account}"
+
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        if self.pk is not None:
+            raise ValidationError("Ledger entries are append-only; post a reversing transaction instead.")
+        super().save(*args, **kwargs)
+
+    def delete(self, *args: Any, **kwargs: Any) -> tuple[int, dict[str, int]]:
+        raise ValidationError("Ledger entries are append-only; post a reversing transaction instead.")
+
+
+class ChargedMinute(models.Model):
+    """Minute ``minute`` (0 is the first) of a usage, charged once, by the ledger transaction named."""
+
+    usage = models.ForeignKey(Usage, on_delete=models.PROTECT, related_name="minutes")
+    minute = models.PositiveIntegerField()
+    transaction = models.ForeignKey(LedgerTransaction, on_delete=models.PROTECT, related_name="minutes")
+
+    class Meta:
+        ordering = ["usage", "minute"]
+        constraints = [models.UniqueConstraint(fields=["usage", "minute"], name="minute_charged_once")]
+
+    def __str__(self) -> str:
+        return f"minute {self.minute} of usage {self.usage_id}"

@@ -42,6 +42,8 @@ app.conf.beat_schedule = {
     "reconcile-sessions": {"task": "sessions.notebooks.tasks.reconcile_sessions", "schedule": 20.0},
     "cull-idle-sessions": {"task": "sessions.notebooks.tasks.cull_idle_sessions", "schedule": 60.0},
     "prune-gpu-history": {"task": "sessions.metrics.tasks.prune_gpu_history", "schedule": 3600.0},
+    # A tick left in the queue past the next one is dropped: the next one charges all of it anyway.
+    "billing-minute": {"task": "billing.tasks.charge_accrued", "schedule": 60.0, "options": {"expires": 55}},
 }
 
 

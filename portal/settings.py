@@ -7,6 +7,7 @@ default. A bad value stops start-up with a message that names the variable.
 
 from __future__ import annotations
 
+import re
 import secrets
 import socket
 import zoneinfo
@@ -398,6 +399,11 @@ METRICS_INTERVAL_MS = env.integer("PORTAL_METRICS_INTERVAL_MS", 1000, minimum=10
 METRICS_RETENTION_DAYS = env.integer("PORTAL_METRICS_RETENTION_DAYS", 30, minimum=1)
 METRICS_TOKEN = env.text("PORTAL_METRICS_TOKEN", "")
 METRICS_SOCKETS_PER_USER = env.integer("PORTAL_METRICS_SOCKETS_PER_USER", 20, minimum=1)
+
+# Billing: the currency prices and the ledger are in (an ISO 4217 code; amounts show with two decimals).
+CURRENCY = env.text("PORTAL_CURRENCY", "CNY").upper()
+if not re.fullmatch(r"[A-Z]{3}", CURRENCY):
+    raise ImproperlyConfigured(f"PORTAL_CURRENCY must be a three-letter currency code such as CNY (got {CURRENCY!r}).")
 
 LOG_LEVELS = ["DEBUG", "INFO", "WARNING", "ERROR"]
 LOG_LEVEL = env.choice(

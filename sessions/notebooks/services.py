@@ -40,6 +40,9 @@ MAX_RETRY_PAUSE_S = 30
 # The Celery task that asks the hub (sessions.notebooks.tasks registers it under this name): enqueued by
 # name, because the tasks module imports this one.
 START_NOTEBOOK = "sessions.notebooks.tasks.start_notebook"
+# Billing's task that charges a holding to its end (billing.tasks registers it under this name): billing
+# may import sessions, never the reverse, so it is enqueued by name.
+CHARGE_HOLDING = "billing.tasks.charge_holding"
 SIGKILL_EXIT = 137
 # What owners read when something went wrong: words, never an exception's text (that goes to failure_detail).
 WAITING_FOR_HUB = "Waiting for the notebook service to answer"
@@ -310,6 +313,11 @@ def _died_at(session: NotebookSession) -> datetime | None:
         return None
 
 
+def _charge_to_the_end(slice_id: int) -> None:
+    """Have billing charge the ended holding's last minute now; if this is lost, the next tick does it."""
+    transaction.on_commit(lambda: celery_app.send_task(CHARGE_HOLDING, args=[slice_id]), robust=True)
+
+
 def _forget_server(session_id: int) -> None:
     session = NotebookSession.objects.select_related("owner").get(pk=session_id)
     try:
@@ -328,6 +336,7 @@ def _end(
         session.stamp("container_gone_at", max(gone_at, session.container_started_at))
         if session.slice_id:
             holding_ended(session.slice_id, session.container_started_at, session.container_gone_at)
+            _charge_to_the_end(session.slice_id)
     session.state = State.FAILED if failed else State.STOPPED
     session.ended_reason = session.ended_reason or reason or NotebookSession.EndReason.RECONCILIATION
     session.stamp("ended_at")

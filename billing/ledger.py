@@ -1,0 +1,124 @@
+"""The double-entry ledger: accounts, balanced postings, reversals, credit, and the balance rule.
+
+Every transaction's entries sum to zero (PostgreSQL checks it at commit too, migration 0003); rows are
+never changed, so a correction is a new transaction with every entry negated. A balance is the sum of
+an account's entries, nothing cached. Money is Decimal, exact at six decimals (billing/money.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from decimal import Decimal, InvalidOperation
+
+from django.contrib.auth.models import User
+from django.core.exceptions import PermissionDenied, ValidationError
+from django.db import transaction
+from django.db.models import Sum
+
+from billing import money
+from billing.models import Account, Entry, LedgerTransaction
+
+Line = tuple[Account, Decimal]
+MAX_CREDIT = Decimal(1_000_000)  # one grant larger than this is a typo
+CREDIT_SOURCES: dict[str, str] = {
+    LedgerTransaction.Kind.GRANT: Account.Kind.PROMOTIONAL,
+    LedgerTransaction.Kind.TOP_UP: Account.Kind.TOP_UPS,
+}
+
+
+class Unbalanced(ValidationError):
+    pass
+
+
+def portal_account(kind: str) -> Account:
+    account, _ = Account.objects.get_or_create(kind=kind, user=None)
+    return account
+
+
+def wallet(user: User) -> Account:
+    account, _ = Account.objects.get_or_create(kind=Account.Kind.WALLET, user=user)
+    return account
+
+
+def post(
+    kind: str, lines: Sequence[Line], memo: str, user: User | None = None, by: User | None = None
+) -> LedgerTransaction:
+    """Write one balanced transaction; refuses one whose amounts do not sum to zero."""
+    if len(lines) < 2 or sum((amount for _, amount in lines), Decimal(0)) != 0:
+        raise Unbalanced("A ledger transaction needs two or more entries that sum to zero.", code="unbalanced")
+    with transaction.atomic():
+        posted = LedgerTransaction.objects.create(kind=kind, user=user, memo=memo[:300], created_by=by)
+        Entry.objects.bulk_create(
+            Entry(transaction=posted, account=account, amount=amount) for account, amount in lines
+        )
+    return posted
+
+
+def reverse(original: LedgerTransaction, by: User, reason: str) -> LedgerTransaction:
+    """Undo a transaction by posting its entries negated; a transaction is reversed at most once."""
+    _staff_only(by)
+    if not reason.strip():
+        raise ValidationError("Say why it is reversed.", code="no_reason")
+    with transaction.atomic():
+        if LedgerTransaction.objects.filter(reverses=original).exists():
+            raise ValidationError("This transaction was already reversed.", code="already_reversed")
+        lines = [(entry.account, -entry.amount) for entry in original.entries.select_related("account")]
+        if len(lines) < 2 or sum((amount for _, amount in lines), Decimal(0)) != 0:
+            raise Unbalanced("A ledger transaction needs two or more entries that sum to zero.", code="unbalanced")
+        posted = LedgerTransaction.objects.create(
+            kind=LedgerTransaction.Kind.REVERSAL,
+            user=original.user,
+            memo=reason[:300],
+            created_by=by,
+            reverses=original,
+        )
+        Entry.objects.bulk_create(
+            Entry(transaction=posted, account=account, amount=amount) for account, amount in lines
+        )
+    return posted
+
+
+def parse_credit(value: object) -> Decimal:
+    """A credit amount from a form or a caller: positive, at most two decimals, not absurd."""
+    try:
+        amount = value if isinstance(value, Decimal) else Decimal(str(value).strip())
+    except InvalidOperation:
+        raise ValidationError("An amount is a number, e.g. 100 or 25.50.", code="not_a_number") from None
+    if not amount.is_finite():
+        raise ValidationError("An amount is a number, e.g. 100 or 25.50.", code="not_a_number")
+    if amount <= 0:
+        raise ValidationError("Credit must be more than zero.", code="not_positive")
+    if money.decimals(amount) > money.SHOWN_PLACES:
+        raise ValidationError(f"Credit has at most {money.SHOWN_PLACES} decimals.", code="too_many_decimals")
+    if amount > MAX_CREDIT:
+        raise ValidationError(f"More than {MAX_CREDIT:,} at once: check the figure.", code="absurd")
+    return amount
+
+
+def grant_credit(
+    user: User, amount: object, by: User, reason: str, kind: str = LedgerTransaction.Kind.GRANT
+) -> LedgerTransaction:
+    """Staff add credit to someone's wallet: promotional (a grant) or paid (a top-up), with who and why."""
+    _staff_only(by)
+    if kind not in CREDIT_SOURCES:
+        raise ValidationError("Credit is a grant or a top-up.", code="unknown_kind")
+    if not reason.strip():
+        raise ValidationError("Say why the credit is given.", code="no_reason")
+    value = parse_credit(amount)
+    source = portal_account(CREDIT_SOURCES[kind])
+    return post(kind, [(source, -value), (wallet(user), value)], memo=reason.strip(), user=user, by=by)
+
+
+def balance(user: User) -> Decimal:
+    """What a person's wallet holds: the sum of its entries."""
+    return account_balance(Account.Kind.WALLET, user)
+
+
+def account_balance(kind: str, user: User | None = None) -> Decimal:
+    total = Entry.objects.filter(account__kind=kind, account__user=user).aggregate(total=Sum("amount"))["total"]
+    return total if total is not None else Decimal(0)
+
+
+def _staff_only(by: User) -> None:
+    if not by.is_staff:
+        raise PermissionDenied("Only staff change credit.")

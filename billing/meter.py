@@ -1,0 +1,304 @@
+"""The meter: every started minute of every holding of a slice is charged exactly once.
+
+A holding runs from ``Slice.held_from`` to ``Slice.held_until`` (its container's start and the moment
+it was gone); a released slice without an end moment ended at its release. Minute k of a holding
+starts k minutes after its start, and is due once it has started: while it runs, by the database's
+clock (never a process's, never by counting ticks); once it has ended, every minute that began before
+the end, and always the first. Each due minute is a ``ChargedMinute`` row, unique per (usage, minute),
+inserted in the same database transaction as the ledger entries that charge it: a tick that dies
+leaves nothing, a tick that runs twice finds nothing left to do, and an outage is caught up by the
+next tick in one go.
+
+PostgreSQL runs it as a constant number of set-based statements, whatever the number of usages, with
+one ledger transaction per person per tick; a second tick meanwhile returns at once (an advisory
+try-lock). SQLite, the zero-config default, runs the same rule as a plain loop.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from decimal import Decimal
+
+from django.db import connection, transaction
+
+from billing import money, prices
+from billing.models import Account, ChargedMinute, Entry, LedgerTransaction, Market, Price, Usage
+from sessions.gpus.models import Gpu, Slice
+from sessions.notebooks.models import NotebookSession
+
+log = logging.getLogger(__name__)
+LOCK_KEY = 0x6269_6C6C_6D65_7465  # "billmete": one meter at a time
+LOCK_TIMEOUT = "10s"  # a row lock held this long by someone else: give up this tick, the next one catches up
+MINUTE = timedelta(minutes=1)
+PORTAL_ACCOUNTS = [Account.Kind.REVENUE_ON_DEMAND, Account.Kind.REVENUE_SPOT]
+T = {
+    "slice": Slice._meta.db_table,
+    "gpu": Gpu._meta.db_table,
+    "notebook": NotebookSession._meta.db_table,
+    "price": Price._meta.db_table,
+    "usage": Usage._meta.db_table,
+    "minute": ChargedMinute._meta.db_table,
+    "txn": LedgerTransaction._meta.db_table,
+    "entry": Entry._meta.db_table,
+    "account": Account._meta.db_table,
+}
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What one run of the meter did; ``skipped`` when another run held the meter."""
+
+    skipped: bool = False
+    usages_opened: int = 0
+    minutes: int = 0
+    transactions: int = 0
+    amount: Decimal = Decimal(0)
+
+
+def minutes_due(started: datetime, ended: datetime | None, now: datetime) -> int:
+    """How many minutes of a holding are due: the rule, in exact integer microseconds (SQL mirrors it)."""
+    if ended is not None:
+        return max(1, -(-(ended - started) // timedelta(microseconds=1) // 60_000_000))
+    return max(0, (now - started) // MINUTE + 1)
+
+
+def tick() -> Outcome:
+    """Charge every minute that has become due, for every holding; the beat task calls this each minute."""
+    return _run(slice_id=None, wait=False)
+
+
+def charge_holding(slice_id: int) -> Outcome:
+    """Charge one holding up to now, or to its end (its last, partial minute) once it has ended.
+
+    Waits for a tick in progress rather than skipping: the end of a holding is charged at once.
+    """
+    return _run(slice_id=slice_id, wait=True)
+
+
+def _run(slice_id: int | None, wait: bool) -> Outcome:
+    with transaction.atomic():
+        if connection.vendor == "postgresql":
+            return _run_sql(slice_id, wait)
+        return _run_python(slice_id)
+
+
+# PostgreSQL: six statements per run, whatever the number of usages.
+
+OPEN_USAGES = """
+WITH opened AS (
+    INSERT INTO {usage} (slice_id, owner_id, holder_kind, holder_id, market, price_id, per_minute, shares,
+                         started, ended, billed_minutes, open)
+    SELECT s.id, s.owner_id, s.holder_kind, s.holder_id, k.market, p.id,
+           ROUND(p.per_hour / (60 * k.shares), {places}), k.shares, s.held_from,
+           k.ended, 0, true
+    FROM {slice} s
+    JOIN {gpu} g ON g.id = s.gpu_id
+    LEFT JOIN {notebook} n ON n.slice_id = s.id
+    CROSS JOIN LATERAL (
+        SELECT CASE WHEN n.spot THEN 'spot' ELSE 'on_demand' END AS market,
+               CASE WHEN s.kind = 'mig' THEN s.profile ELSE '' END AS profile,
+               CASE WHEN s.kind = 'shared' THEN GREATEST(g.share_limit, 1) ELSE 1 END AS shares,
+               -- GREATEST skips NULLs in PostgreSQL: a holding with no end must stay without one.
+               CASE WHEN COALESCE(s.held_until, s.released_at) IS NOT NULL
+                    THEN GREATEST(COALESCE(s.held_until, s.released_at), s.held_from) END AS ended
+    ) k
+    JOIN LATERAL (
+        SELECT p.id, p.per_hour FROM {price} p
+        WHERE p.model_name = g.model_name AND p.kind = s.kind AND p.profile = k.profile AND p.market = k.market
+          AND p.effective_from <= s.held_from
+        ORDER BY p.effective_from DESC LIMIT 1
+    ) p ON true
+    WHERE s.held_from IS NOT NULL AND NOT EXISTS (SELECT 1 FROM {usage} u WHERE u.slice_id = s.id) {slice_filter}
+    ON CONFLICT (slice_id) DO NOTHING
+    RETURNING owner_id
+), accounts AS (
+    INSERT INTO {account} (kind, user_id)
+    SELECT DISTINCT 'wallet', owner_id FROM opened
+    ON CONFLICT (kind, user_id) WHERE user_id IS NOT NULL DO NOTHING
+)
+SELECT count(*) FROM opened
+"""
+
+PORTAL_ACCOUNTS_SQL = """
+INSERT INTO {account} (kind, user_id) SELECT kind, NULL FROM unnest(%s::text[]) AS kind
+ON CONFLICT (kind) WHERE user_id IS NULL DO NOTHING
+"""
+
+# Minutes due: the SQL of minutes_due(). The ledger is written from what the minute insert RETURNED,
+# so a minute someone else already charged is never paid twice.
+CHARGE = """
+WITH due AS (
+    SELECT u.id, u.owner_id, u.market, u.per_minute, u.billed_minutes AS first, e.ended,
+           GREATEST(u.billed_minutes, CASE
+               WHEN e.ended IS NOT NULL THEN GREATEST(1, CEIL(EXTRACT(EPOCH FROM e.ended - u.started) / 60))
+               ELSE FLOOR(EXTRACT(EPOCH FROM now() - u.started) / 60) + 1 END)::integer AS upto
+    FROM {usage} u
+    JOIN {slice} s ON s.id = u.slice_id
+    CROSS JOIN LATERAL (
+        SELECT CASE WHEN u.ended IS NOT NULL THEN u.ended
+                    WHEN COALESCE(s.held_until, s.released_at) IS NOT NULL
+                    THEN GREATEST(COALESCE(s.held_until, s.released_at), u.started) END AS ended
+    ) e
+    WHERE u.open {usage_filter}
+), payers AS (
+    SELECT DISTINCT owner_id FROM due WHERE upto > first
+), txn AS (
+    INSERT INTO {txn} (kind, posted_at, user_id, memo, created_by_id, reverses_id)
+    SELECT 'usage', now(), owner_id, 'per-minute charges', NULL, NULL FROM payers
+    RETURNING id, user_id
+), charged AS (
+    INSERT INTO {minute} (usage_id, minute, transaction_id)
+    SELECT d.id, m, t.id
+    FROM due d JOIN txn t ON t.user_id = d.owner_id CROSS JOIN LATERAL generate_series(d.first, d.upto - 1) AS m
+    WHERE d.upto > d.first
+    ON CONFLICT (usage_id, minute) DO NOTHING
+    RETURNING usage_id, transaction_id
+), sums AS (
+    SELECT c.transaction_id, d.owner_id, d.market, SUM(d.per_minute) AS amount
+    FROM charged c JOIN due d ON d.id = c.usage_id
+    GROUP BY c.transaction_id, d.owner_id, d.market
+), posted AS (
+    INSERT INTO {entry} (transaction_id, account_id, amount)
+    SELECT s.transaction_id, a.id, -s.amount FROM sums s
+        JOIN {account} a ON a.kind = 'wallet' AND a.user_id = s.owner_id
+    UNION ALL
+    SELECT s.transaction_id, a.id, s.amount FROM sums s JOIN {account} a ON a.kind = 'revenue_' || s.market
+        AND a.user_id IS NULL
+    RETURNING amount
+), moved AS (
+    UPDATE {usage} u SET billed_minutes = d.upto, ended = d.ended, open = d.ended IS NULL
+    FROM due d WHERE u.id = d.id AND (d.upto > d.first OR d.ended IS NOT NULL)
+    RETURNING u.id
+)
+SELECT (SELECT count(*) FROM charged), (SELECT count(*) FROM txn),
+       (SELECT COALESCE(SUM(amount), 0) FROM posted WHERE amount > 0), (SELECT count(*) FROM moved)
+"""
+
+
+def _run_sql(slice_id: int | None, wait: bool) -> Outcome:
+    with connection.cursor() as cursor:
+        # generate_series' 1,000-row guess tips the planner into JIT, which costs seconds at 100,000 usages.
+        cursor.execute("SET LOCAL jit = off")
+        cursor.execute(f"SET LOCAL lock_timeout = '{LOCK_TIMEOUT}'")
+        if wait:
+            cursor.execute("SELECT pg_advisory_xact_lock(%s)", [LOCK_KEY])
+        else:
+            cursor.execute("SELECT pg_try_advisory_xact_lock(%s)", [LOCK_KEY])
+            if not cursor.fetchone()[0]:
+                return Outcome(skipped=True)
+        one = [slice_id] if slice_id is not None else []
+        cursor.execute(
+            OPEN_USAGES.format(
+                **T, places=money.AMOUNT_PLACES, slice_filter="AND s.id = %s" if slice_id is not None else ""
+            ),
+            one,
+        )
+        opened = cursor.fetchone()[0]
+        cursor.execute(PORTAL_ACCOUNTS_SQL.format(**T), [[str(kind) for kind in PORTAL_ACCOUNTS]])
+        cursor.execute(CHARGE.format(**T, usage_filter="AND u.slice_id = %s" if slice_id is not None else ""), one)
+        minutes, transactions, amount, _ = cursor.fetchone()
+    return Outcome(usages_opened=opened, minutes=minutes, transactions=transactions, amount=Decimal(amount))
+
+
+# SQLite: the same rule, one usage at a time; its writes are serialised by the database file's lock.
+
+
+def _run_python(slice_id: int | None) -> Outcome:
+    now = prices.database_now()
+    opened = _open_usages(slice_id)
+    usages = Usage.objects.filter(open=True).select_related("slice").order_by("id")
+    if slice_id is not None:
+        usages = usages.filter(slice_id=slice_id)
+    owed: dict[int, list[tuple[Usage, int]]] = defaultdict(list)
+    for usage in usages:
+        if usage.ended is None and (usage.slice.held_until or usage.slice.released_at):
+            usage.ended = max(usage.slice.held_until or usage.slice.released_at, usage.started)  # type: ignore[type-var]
+        upto = max(usage.billed_minutes, minutes_due(usage.started, usage.ended, now))
+        owed[usage.owner_id].append((usage, upto))
+    minutes, transactions, amount = 0, 0, Decimal(0)
+    for owner_id, owing in owed.items():
+        charged = _charge_owner(owner_id, owing)
+        if charged:
+            minutes, transactions, amount = minutes + charged[0], transactions + 1, amount + charged[1]
+    return Outcome(usages_opened=opened, minutes=minutes, transactions=transactions, amount=amount)
+
+
+def _open_usages(slice_id: int | None) -> int:
+    held = Slice.objects.filter(held_from__isnull=False, usage__isnull=True).select_related("gpu")
+    if slice_id is not None:
+        held = held.filter(pk=slice_id)
+    opened = 0
+    for found in held:
+        assert found.held_from is not None
+        market = prices.market_of(found)
+        price = prices.in_force(prices.key_of(found, market), found.held_from)
+        if price is None:
+            log.warning("slice %s has no price for its holding; it is not billed until one is added", found.pk)
+            continue
+        shares = max(found.gpu.share_limit, 1) if found.kind == Slice.Kind.SHARED else 1
+        end = found.held_until or found.released_at
+        Usage.objects.create(
+            slice=found,
+            owner_id=found.owner_id,
+            holder_kind=found.holder_kind,
+            holder_id=found.holder_id,
+            market=market,
+            price=price,
+            per_minute=money.per_minute(price.per_hour, shares),
+            shares=shares,
+            started=found.held_from,
+            ended=max(end, found.held_from) if end else None,
+        )
+        Account.objects.get_or_create(kind=Account.Kind.WALLET, user_id=found.owner_id)
+        opened += 1
+    return opened
+
+
+def _charge_owner(owner_id: int, owing: list[tuple[Usage, int]]) -> tuple[int, Decimal] | None:
+    """One ledger transaction for what one person owes this run; None if nothing was due."""
+    posted = None
+    if any(upto > usage.billed_minutes for usage, upto in owing):
+        posted = LedgerTransaction.objects.create(
+            kind=LedgerTransaction.Kind.USAGE, user_id=owner_id, memo="per-minute charges"
+        )
+    by_market: dict[str, Decimal] = defaultdict(Decimal)
+    count = 0
+    for usage, upto in owing:
+        if posted is not None and upto > usage.billed_minutes:
+            rows = [ChargedMinute(usage=usage, minute=m, transaction=posted) for m in range(usage.billed_minutes, upto)]
+            fresh = _insert_new(usage, rows)
+            by_market[usage.market] += usage.per_minute * fresh
+            count += fresh
+        Usage.objects.filter(pk=usage.pk).update(billed_minutes=upto, ended=usage.ended, open=usage.ended is None)
+    if posted is None:
+        return None
+    _post_entries(posted, owner_id, by_market)
+    return count, sum(by_market.values(), Decimal(0))
+
+
+def _insert_new(usage: Usage, rows: list[ChargedMinute]) -> int:
+    """Insert the minute rows not already there; the number inserted is what is charged."""
+    taken = set(
+        ChargedMinute.objects.filter(usage=usage, minute__in=[row.minute for row in rows]).values_list(
+            "minute", flat=True
+        )
+    )
+    fresh = [row for row in rows if row.minute not in taken]
+    ChargedMinute.objects.bulk_create(fresh)
+    return len(fresh)
+
+
+def _post_entries(posted: LedgerTransaction, owner_id: int, by_market: dict[str, Decimal]) -> None:
+    wallet = Account.objects.get(kind=Account.Kind.WALLET, user_id=owner_id)
+    entries = []
+    for market, amount in by_market.items():
+        revenue_kind = Account.Kind.REVENUE_SPOT if market == Market.SPOT else Account.Kind.REVENUE_ON_DEMAND
+        revenue, _ = Account.objects.get_or_create(kind=revenue_kind, user=None)
+        entries += [
+            Entry(transaction=posted, account=wallet, amount=-amount),
+            Entry(transaction=posted, account=revenue, amount=amount),
+        ]
+    Entry.objects.bulk_create(entries)

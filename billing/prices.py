@@ -1,0 +1,151 @@
+"""Prices: which rate holds for a slice at a moment, and adding a new price without repricing anything.
+
+A price is keyed by GPU model, kind (MIG profile, whole GPU, time-sliced share) and market; it holds
+from its ``effective_from`` until the next price of the same key. History is never changed: a new
+price is a new row, refused when it would change the rate of a holding already begun.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from decimal import Decimal, InvalidOperation
+
+from django.contrib.auth.models import User
+from django.core.exceptions import ValidationError
+from django.db import connection, transaction
+from django.db.models import QuerySet
+
+from billing import money
+from billing.models import Market, Price
+from sessions.gpus import catalog
+from sessions.gpus.models import Slice
+
+MAX_PER_HOUR = Decimal(100_000)  # more than any GPU an hour: a typo, not a price
+
+
+@dataclass(frozen=True)
+class PriceKey:
+    model_name: str
+    kind: str
+    profile: str
+    market: str
+
+
+def key_of(held: Slice, market: str) -> PriceKey:
+    """The price key of a slice (its GPU loaded); the meter's SQL says the same."""
+    profile = held.profile if held.kind == Slice.Kind.MIG else ""
+    return PriceKey(held.gpu.model_name, held.kind, profile, market)
+
+
+def market_of(held: Slice) -> str:
+    """Spot for a spot notebook session's slice, else on-demand; the meter's SQL says the same."""
+    spot = Slice.objects.filter(pk=held.pk, notebook__spot=True).exists()
+    return Market.SPOT if spot else Market.ON_DEMAND
+
+
+def in_force(key: PriceKey, at: datetime) -> Price | None:
+    return _of(key).filter(effective_from__lte=at).order_by("-effective_from").first()
+
+
+def _of(key: PriceKey) -> QuerySet[Price]:
+    return Price.objects.filter(model_name=key.model_name, kind=key.kind, profile=key.profile, market=key.market)
+
+
+def current() -> list[Price]:
+    """The price in force now for every key, in the table's order."""
+    newest: dict[PriceKey, Price] = {}
+    now = database_now()
+    for price in Price.objects.filter(effective_from__lte=now).order_by("effective_from"):
+        newest[PriceKey(price.model_name, price.kind, price.profile, price.market)] = price
+    return sorted(newest.values(), key=lambda p: (p.model_name, p.kind != "whole", p.kind, p.per_hour, p.market))
+
+
+def database_now() -> datetime:
+    """The database's clock: what the meter charges by, whatever this process's clock says."""
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute("SELECT now()")
+            moment: datetime = cursor.fetchone()[0]
+            return moment
+        cursor.execute("SELECT strftime('%Y-%m-%d %H:%M:%f', 'now')")
+        text = cursor.fetchone()[0]
+    return datetime.fromisoformat(f"{text}+00:00")
+
+
+def parse_per_hour(value: object) -> Decimal:
+    """An hourly price from a form or a caller: a number, not negative, at most four decimals."""
+    try:
+        amount = value if isinstance(value, Decimal) else Decimal(str(value).strip())
+    except InvalidOperation:
+        raise ValidationError("A price is a number, e.g. 8.5.", code="not_a_number") from None
+    if not amount.is_finite():
+        raise ValidationError("A price is a number, e.g. 8.5.", code="not_a_number")
+    if amount < 0:
+        raise ValidationError("A price cannot be negative.", code="negative")
+    if money.decimals(amount) > money.RATE_PLACES:
+        raise ValidationError(
+            f"A price per hour has at most {money.RATE_PLACES} decimals (got {amount}).", code="too_many_decimals"
+        )
+    if amount > MAX_PER_HOUR:
+        raise ValidationError(f"{amount} an hour is more than any GPU costs; check the figure.", code="absurd")
+    return amount
+
+
+def check_key(key: PriceKey) -> None:
+    try:
+        model = catalog.model(key.model_name)
+    except catalog.UnknownModel as error:
+        raise ValidationError(str(error), code="unknown_model") from None
+    if key.kind not in Slice.Kind.values or key.market not in Market.values:
+        raise ValidationError("Unknown kind or market.", code="unknown_kind")
+    if key.kind == Slice.Kind.MIG:
+        try:
+            model.profile(key.profile)
+        except catalog.UnknownProfile as error:
+            raise ValidationError(str(error), code="unknown_profile") from None
+    elif key.profile:
+        raise ValidationError("Only a MIG price names a profile.", code="profile_without_mig")
+
+
+def add_price(key: PriceKey, per_hour: object, effective_from: datetime, by: User | None, source: str = "") -> Price:
+    """Record a new price from ``effective_from`` on, or refuse it with the reason.
+
+    A moment in the past is refused when a holding of this key began since then (up to the next price):
+    its frozen rate would no longer be the one the history says held.
+    """
+    amount = parse_per_hour(per_hour)
+    check_key(key)
+    with transaction.atomic():
+        _lock_key(key)
+        if _of(key).filter(effective_from=effective_from).exists():
+            raise ValidationError("A price of this kind already starts at that moment.", code="duplicate")
+        if effective_from < database_now():
+            repriced = _holdings_repriced(key, effective_from)
+            if repriced:
+                raise ValidationError(
+                    f"{repriced} holding(s) of this kind began since {effective_from:%Y-%m-%d %H:%M} UTC and run"
+                    " or were billed at the price then in force; a new price can only apply from now on.",
+                    code="reprices",
+                )
+        price = Price(**key.__dict__, per_hour=amount, effective_from=effective_from, created_by=by, source=source)
+        price.save()
+    return price
+
+
+def _lock_key(key: PriceKey) -> None:
+    """Two staff adding prices of one key at once take turns (PostgreSQL; SQLite writes one at a time)."""
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", [f"price:{key}"])
+
+
+def _holdings_repriced(key: PriceKey, since: datetime) -> int:
+    later = _of(key).filter(effective_from__gt=since).order_by("effective_from").first()
+    held = Slice.objects.filter(held_from__gte=since, gpu__model_name=key.model_name, kind=key.kind)
+    if later is not None:
+        held = held.filter(held_from__lt=later.effective_from)
+    if key.kind == Slice.Kind.MIG:
+        held = held.filter(profile=key.profile)
+    spot = held.filter(notebook__spot=True)
+    return (spot if key.market == Market.SPOT else held.exclude(pk__in=spot.values("pk"))).count()

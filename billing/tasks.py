@@ -1,0 +1,35 @@
+"""Celery tasks of billing: thin, id-taking, idempotent; each calls the meter.
+
+``charge_accrued`` runs from beat every minute (portal/celery.py); the notebook services enqueue
+``charge_holding`` by its name (``services.CHARGE_HOLDING``) once a holding has ended, so its last,
+partial minute is charged at once rather than at the next tick.
+"""
+
+from __future__ import annotations
+
+from celery import shared_task
+
+from billing import meter
+from sessions.notebooks.services import CHARGE_HOLDING
+
+
+def _summary(outcome: meter.Outcome) -> dict[str, object]:
+    return {
+        "skipped": outcome.skipped,
+        "usages_opened": outcome.usages_opened,
+        "minutes": outcome.minutes,
+        "transactions": outcome.transactions,
+        "amount": str(outcome.amount),
+    }
+
+
+@shared_task
+def charge_accrued() -> dict[str, object]:
+    """Every minute: charge each minute that has become due; a second run meanwhile returns at once."""
+    return _summary(meter.tick())
+
+
+@shared_task(name=CHARGE_HOLDING)
+def charge_holding(slice_id: int) -> dict[str, object]:
+    """A holding ended: charge it to its end."""
+    return _summary(meter.charge_holding(slice_id))
