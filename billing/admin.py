@@ -1,0 +1,115 @@
+"""Billing in the Django admin: prices are added (never edited) through the same checks as the staff
+page; usages, minutes and the ledger are read-only records."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django import forms
+from django.contrib import admin
+from django.core.exceptions import ValidationError
+from django.http import HttpRequest
+
+from billing import prices
+from billing.models import Account, ChargedMinute, Entry, LedgerTransaction, Price, Usage
+
+
+class ReadOnly(admin.ModelAdmin):  # type: ignore[type-arg]
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
+class PriceAdminForm(forms.ModelForm[Price]):
+    per_hour = forms.CharField(help_text="At most four decimals.")
+
+    class Meta:
+        model = Price
+        fields = ["model_name", "kind", "profile", "market", "per_hour", "effective_from", "source"]
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean() or {}
+        try:
+            data["per_hour"] = prices.parse_per_hour(data.get("per_hour", ""))
+            key = prices.PriceKey(data["model_name"], data["kind"], data.get("profile", ""), data["market"])
+            prices.check_key(key)
+        except (KeyError, ValidationError) as error:
+            raise ValidationError(getattr(error, "messages", ["Fill in every field."])) from None
+        return data
+
+
+@admin.register(Price)
+class PriceAdmin(admin.ModelAdmin[Price]):
+    form = PriceAdminForm
+    list_display = ["model_name", "kind", "profile", "market", "per_hour", "per_minute", "effective_from", "created_by"]
+    list_filter = ["model_name", "kind", "market"]
+
+    def has_change_permission(self, request: HttpRequest, obj: Price | None = None) -> bool:
+        return obj is None and super().has_change_permission(request, obj)
+
+    def has_delete_permission(self, request: HttpRequest, obj: Price | None = None) -> bool:
+        return False
+
+    def save_model(self, request: HttpRequest, obj: Price, form: Any, change: bool) -> None:
+        """Through the price service, which refuses a moment that would reprice a running holding."""
+        key = prices.PriceKey(obj.model_name, obj.kind, obj.profile, obj.market)
+        user = request.user
+        assert user.is_authenticated
+        added = prices.add_price(key, obj.per_hour, obj.effective_from, by=user, source=obj.source)
+        obj.pk = added.pk
+
+
+@admin.register(Usage)
+class UsageAdmin(ReadOnly):
+    list_display = [
+        "slice",
+        "owner",
+        "holder_kind",
+        "holder_id",
+        "market",
+        "per_minute",
+        "started",
+        "ended",
+        "billed_minutes",
+        "open",
+    ]
+    list_filter = ["open", "market", "holder_kind"]
+
+
+@admin.register(ChargedMinute)
+class ChargedMinuteAdmin(ReadOnly):
+    list_display = ["usage", "minute", "transaction"]
+
+
+@admin.register(Account)
+class AccountAdmin(ReadOnly):
+    list_display = ["__str__", "kind", "user"]
+    list_filter = ["kind"]
+
+
+class EntryInline(admin.TabularInline):  # type: ignore[type-arg]
+    model = Entry
+    fields = ["account", "amount"]
+    readonly_fields = ["account", "amount"]
+    extra = 0
+    can_delete = False
+
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
+@admin.register(LedgerTransaction)
+class LedgerTransactionAdmin(ReadOnly):
+    list_display = ["__str__", "kind", "user", "memo", "created_by", "posted_at"]
+    list_filter = ["kind"]
+    inlines = [EntryInline]
+
+
+@admin.register(Entry)
+class EntryAdmin(ReadOnly):
+    list_display = ["transaction", "account", "amount"]
