@@ -137,3 +137,26 @@ def test_sampling_reads_every_discovered_gpu_and_its_mig_devices(backend: GpuBac
                 assert 0 <= device.memory_used_mib <= device.memory_total_mib
                 assert device.utilization is None or 0 <= device.utilization <= 100
         print(f"sampled {gpu.product_name}: {sample}")  # what the NVML run saw, for the note
+
+
+def test_the_simulated_driver_refuses_what_the_catalog_refuses_and_hands_out_the_lowest_free_id(db: None) -> None:
+    """Its create is one statement checking overlap, the compute budget and the profile's count limit."""
+    backend = SimulatedBackend("rules: 1xH200:mig")
+    [(gpu_uuid, model)] = mig_gpus(backend)
+    three, two, one = model.profile("3g.71gb"), model.profile("2g.35gb"), model.profile("1g.18gb")
+    first = backend.create_instance(gpu_uuid, three, 0)
+    with pytest.raises(BackendError, match="some are taken") as overlap:
+        backend.create_instance(gpu_uuid, two, 2)  # memory slices 2-3 belong to the 3g
+    assert overlap.value.code == "insufficient_resources"
+    second = backend.create_instance(gpu_uuid, two, 4)
+    third = backend.create_instance(gpu_uuid, one, 6)
+    assert [first.gi_id, second.gi_id, third.gi_id] == [1, 2, 3]
+    backend.destroy_instance(gpu_uuid, second.gi_id)
+    assert backend.create_instance(gpu_uuid, one, 4).gi_id == 2  # the lowest free id again
+    media = model.profile("1g.18gb+me")
+    backend.create_instance(gpu_uuid, media, 5)
+    backend.destroy_instance(gpu_uuid, third.gi_id)
+    with pytest.raises(BackendError, match="at most 1"):
+        backend.create_instance(gpu_uuid, media, 6)  # memory slice 6 is free again, but one +me is the limit
+    listed = {(i.profile, i.start, i.gi_id) for h in backend.discover() for g in h.gpus for i in g.instances}
+    assert listed == {("3g.71gb", 0, 1), ("1g.18gb", 4, 2), ("1g.18gb+me", 5, 4)}
