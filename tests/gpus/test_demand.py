@@ -43,7 +43,7 @@ def test_with_no_slices_yet_the_demand_is_the_prior(mixed_fleet: list[Gpu]) -> N
 
 def test_slices_given_on_a_model_are_counted_by_profile(mixed_fleet: list[Gpu], many_slices: User) -> None:
     taken = take(many_slices, ["2g.35gb", "3g.71gb", "2g.35gb", "1g.18gb", "3g.20gb"])
-    release(taken[0].pk, by=many_slices)  # asked for all the same
+    release(taken[0].pk)  # asked for all the same
     allocate(many_slices, SliceRequest(kind=Slice.Kind.WHOLE))  # no MIG profile: says nothing about the mix
     assert demand.requested(H200.name) == {"2g.35gb": 2, "3g.71gb": 1, "1g.18gb": 1}
     assert demand.requested(A100_40.name) == {"3g.20gb": 1}
@@ -92,4 +92,4 @@ def test_after_2g_and_3g_requests_one_h200_takes_a_2g_a_3g_and_a_2g(mixed_fleet:
 
 def release_all(owner: User, slices: list[Slice]) -> None:
     for each in slices:
-        release(each.pk, by=owner)
+        release(each.pk)

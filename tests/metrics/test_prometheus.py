@@ -112,7 +112,7 @@ def portal_state(settings, alice: User, bob: User) -> Iterator[None]:  # type: i
     allocate(alice, SliceRequest("mig", "1g.18gb"), holder=Holder.notebook(1))
     allocate(bob, SliceRequest("mig", "1g.18gb"))
     allocate(alice, SliceRequest("whole", model="L4-24GB"))
-    release(allocate(bob, SliceRequest("mig", "2g.35gb")).pk, by=bob)
+    release(allocate(bob, SliceRequest("mig", "2g.35gb")).pk)
     image = NotebookImage.objects.create(name="Lab", image="gpu-portal/notebook:latest", default=True)
     t0 = timezone.now() - timedelta(hours=1)
     for name, state, ready_after in [
