@@ -74,7 +74,8 @@ def main(pairs: int, seed: int, processes: int) -> None:
                 continue
             times.append((time.perf_counter() - started) * 1000)
         figures[name] = {"p50_ms": round(percentile(times, 50), 3), "p99_ms": round(percentile(times, 99), 3)}
-    figures["concurrent"] = concurrent(processes, pairs // processes, seed)
+    if processes:  # 0: one process only (interleaved before/after comparisons)
+        figures["concurrent"] = concurrent(processes, pairs // processes, seed)
     figures["fleet"] = {
         "gpus": gpus,
         "slices_held": len(fill) - len(fill) // 3,
