@@ -71,8 +71,9 @@ class Hub:
         return response
 
     def ensure_user(self, name: str) -> None:
-        if self._call("GET", f"/users/{name}", f"look up {name}", (200, 404)).status_code == 404:
-            self._call("POST", f"/users/{name}", f"create {name}", (201, 409))
+        # One call, not a look-up first: 409 says the hub knows them already. Each call waits its turn in
+        # the hub's one event loop, which is busiest exactly when many people launch at once.
+        self._call("POST", f"/users/{name}", f"create {name}", (201, 409))
 
     def start_server(self, user: str, server: str, options: dict[str, Any]) -> None:
         """Start a named server, making the person in the hub first if the hub does not know them yet."""

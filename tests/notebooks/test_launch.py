@@ -125,6 +125,18 @@ def test_a_container_removed_by_hand_ends_when_the_engine_saw_it_die(
     assert session.slice is not None and not Slice.objects.get(pk=session.slice.pk).active
 
 
+def test_making_a_person_the_hub_knows_already_is_no_error(hub: str) -> None:
+    api = Hub()
+    api.ensure_user("hub-newcomer")
+    api.ensure_user("hub-newcomer")  # the hub answers 409: known already
+    known = requests.get(
+        f"{settings.HUB_API_URL.rstrip('/')}/users/hub-newcomer",
+        headers={"Authorization": f"token {settings.HUB_SERVICE_TOKEN}"},
+        timeout=10,
+    )
+    assert known.status_code == 200 and known.json()["name"] == "hub-newcomer"
+
+
 def test_forged_user_options_sent_to_the_hub_are_refused(hub: str, notebook_image: NotebookImage, alice: User) -> None:
     api = Hub()
     api.ensure_user("alice")
