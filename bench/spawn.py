@@ -121,11 +121,9 @@ def ours(runs: int, burst: int, tmp: Path, run_id: str) -> tuple[list[float], li
             [str(BIN / "daphne"), "-b", "127.0.0.1", "-p", str(ports["portal"]), "portal.asgi:application"],
             env,
         )
-        stack.start(
-            "worker",
-            [str(BIN / "celery"), "-A", "portal", "worker", "-Q", "bench-spawn", "-c", "2", "-l", "WARNING"],
-            env,
-        )
+        # The worker as make run starts it (compose/supervisor/supervisord.conf), on the benchmark's own queue.
+        worker = [str(BIN / "celery"), "-A", "portal", "worker", "-Q", "bench-spawn", "--pool", "threads", "-c", "8"]
+        stack.start("worker", [*worker, "-l", "WARNING"], env)
         stack.start(
             "hub", [str(BIN / "jupyterhub"), "-f", str(ROOT / "compose/hub/jupyterhub_config.py")], env, tmp / "hub"
         )

@@ -63,6 +63,17 @@ def back_again(run: SupervisedRun, name: str) -> Callable[[], bool]:
     return lambda: True  # beat, agent, console, revive: running again is all they show
 
 
+def test_the_worker_takes_eight_tasks_at_once(run: SupervisedRun) -> None:
+    # Launches wait on the hub: eight people starting at once must reach it together, not two by two.
+    from portal.celery import app
+
+    run.wait(run.worker_answers, 60, "the Celery worker")
+    stats = app.control.inspect(destination=[run.worker_name], timeout=2).stats() or {}
+    pool = stats[run.worker_name]["pool"]
+    assert pool["max-concurrency"] == 8
+    assert pool["implementation"].startswith("celery.concurrency.thread")
+
+
 @pytest.mark.parametrize("name", PORTAL + HELPERS)
 def test_a_program_killed_with_sigkill_comes_back_and_the_others_keep_running(run: SupervisedRun, name: str) -> None:
     before = run.pids()
