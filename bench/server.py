@@ -20,7 +20,8 @@ import psycopg
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
-BENCH_DB = "portal_bench"
+# One per benchmark process: two benchmarks running at once (spawn and allocator, say) never drop each other's.
+BENCH_DB = f"portal_bench_{os.getpid()}"
 LOGS = ROOT / "artifacts" / "logs"
 
 
