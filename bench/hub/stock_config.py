@@ -32,3 +32,7 @@ c.DockerSpawner.name_template = "bench-stock-{username}"
 key, _, value = os.environ["BENCH_LABEL"].partition("=")
 c.DockerSpawner.extra_create_kwargs = {"labels": {key: value}}
 c.DockerSpawner.debug = False
+# The same patience as ours (compose/hub/jupyterhub_config.py): on a loaded 2-core machine eight JupyterLabs
+# can take over DockerSpawner's default 30 s to answer, and a burst must not fail for stock alone.
+c.DockerSpawner.start_timeout = 120
+c.DockerSpawner.http_timeout = 60
