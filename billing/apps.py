@@ -5,3 +5,10 @@ class BillingConfig(AppConfig):
     name = "billing"
     verbose_name = "Billing"
     default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        # Sessions never import billing: billing tells the launch path what offers cost and who may not launch.
+        from billing.launch import BillingPricing
+        from sessions.notebooks import pricing
+
+        pricing.register(BillingPricing())

@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.conf import settings
+from django.contrib.auth.models import Group
 from django.core.exceptions import ValidationError
 from django.db import models
 from django.db.models import F, Q
@@ -222,3 +223,66 @@ class ChargedMinute(models.Model):
 
     def __str__(self) -> str:
         return f"minute {self.minute} of usage {self.usage_id}"
+
+
+class Budget(models.Model):
+    """A monthly spending figure for one person or one group: alerts at 50, 80 and 100 % of it (no stop)."""
+
+    user = models.OneToOneField(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, null=True, blank=True, related_name="budget"
+    )
+    group = models.OneToOneField(Group, on_delete=models.CASCADE, null=True, blank=True, related_name="budget")
+    monthly = models.DecimalField(max_digits=14, decimal_places=money.SHOWN_PLACES, help_text="Per calendar month.")
+    set_by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, null=True, related_name="+")
+    set_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(user__isnull=False, group__isnull=True) | Q(user__isnull=True, group__isnull=False),
+                name="budget_of_a_person_or_a_group",
+            ),
+            models.CheckConstraint(condition=Q(monthly__gt=0), name="budget_positive"),
+        ]
+
+    def __str__(self) -> str:
+        return f"budget of {self.user or self.group}: {self.monthly} a month"
+
+
+class BudgetAlert(models.Model):
+    """A threshold of a budget crossed in a month: one row, so the alert is sent exactly once."""
+
+    budget = models.ForeignKey(Budget, on_delete=models.CASCADE, related_name="alerts")
+    month = models.DateField(help_text="The first day of the (UTC) month.")
+    threshold = models.PositiveSmallIntegerField(help_text="Percent: 50, 80 or 100.")
+    spent = models.DecimalField(max_digits=18, decimal_places=money.AMOUNT_PLACES)
+    sent_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["-sent_at", "-threshold"]
+        constraints = [
+            models.UniqueConstraint(fields=["budget", "month", "threshold"], name="budget_alert_once"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.threshold} % of {self.budget} in {self.month:%Y-%m}"
+
+
+class CreditStop(models.Model):
+    """A person's balance reached zero while they held slices: warned at ``warned_at``, their sessions
+    stopped after the grace period (``stopped_at``), or credit came back first (``cleared_at``)."""
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="credit_stops")
+    warned_at = models.DateTimeField(default=timezone.now)
+    stop_at = models.DateTimeField()
+    stopped_at = models.DateTimeField(null=True, blank=True)
+    cleared_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-warned_at"]
+        constraints = [
+            models.UniqueConstraint(fields=["user"], condition=Q(cleared_at__isnull=True), name="credit_stop_one_open"),
+        ]
+
+    def __str__(self) -> str:
+        return f"zero balance of user {self.user_id} from {self.warned_at}"

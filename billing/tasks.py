@@ -2,14 +2,15 @@
 
 ``charge_accrued`` runs from beat every minute (portal/celery.py); the notebook services enqueue
 ``charge_holding`` by its name (``services.CHARGE_HOLDING``) once a holding has ended, so its last,
-partial minute is charged at once rather than at the next tick.
+partial minute is charged at once rather than at the next tick. ``check_credit`` runs from beat too:
+budget alerts and the zero-balance warning and stop.
 """
 
 from __future__ import annotations
 
 from celery import shared_task
 
-from billing import meter
+from billing import credit, meter
 from sessions.notebooks.services import CHARGE_HOLDING
 
 
@@ -26,10 +27,21 @@ def _summary(outcome: meter.Outcome) -> dict[str, object]:
 @shared_task
 def charge_accrued() -> dict[str, object]:
     """Every minute: charge each minute that has become due; a second run meanwhile returns at once."""
-    return _summary(meter.tick())
+    outcome = meter.tick()
+    if outcome.minutes:
+        credit.announce_charges()
+    return _summary(outcome)
 
 
 @shared_task(name=CHARGE_HOLDING)
 def charge_holding(slice_id: int) -> dict[str, object]:
     """A holding ended: charge it to its end."""
     return _summary(meter.charge_holding(slice_id))
+
+
+@shared_task
+def check_credit() -> dict[str, int]:
+    """Every 30 s: warn at a zero balance, stop sessions after the grace period, send budget alerts once."""
+    counts = credit.check_balances()
+    counts["budget_alerts"] = credit.check_budgets()
+    return counts

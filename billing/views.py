@@ -1,10 +1,11 @@
-"""Billing pages: a user's own money, the finance view for billing staff, and the staff's price table."""
+"""Billing pages: the finance view for billing staff and the staff's price table (a person's own money:
+billing/wallet.py; staff's credit and budgets: billing/grants.py)."""
 
 from __future__ import annotations
 
 from django.conf import settings
 from django.contrib import messages
-from django.contrib.auth.decorators import login_required, permission_required
+from django.contrib.auth.decorators import permission_required
 from django.contrib.auth.models import User
 from django.core.exceptions import ValidationError
 from django.http import HttpRequest, HttpResponse
@@ -17,11 +18,6 @@ from portal.access import staff_required
 from portal.http import PortalRequest
 
 PRICES = "billing/prices.html"
-
-
-@login_required
-def account(request: HttpRequest) -> HttpResponse:
-    return render(request, "billing/account.html")
 
 
 @permission_required("billing.view_finance", raise_exception=True)

@@ -404,6 +404,10 @@ METRICS_SOCKETS_PER_USER = env.integer("PORTAL_METRICS_SOCKETS_PER_USER", 20, mi
 CURRENCY = env.text("PORTAL_CURRENCY", "CNY").upper()
 if not re.fullmatch(r"[A-Z]{3}", CURRENCY):
     raise ImproperlyConfigured(f"PORTAL_CURRENCY must be a three-letter currency code such as CNY (got {CURRENCY!r}).")
+# A launch is refused unless the balance covers this many minutes of it and of what already runs (0: never
+# refused for credit); at a zero balance people are warned and their sessions stop this many minutes later.
+BILLING_MIN_MINUTES = env.integer("PORTAL_BILLING_MIN_MINUTES", 10, minimum=0)
+BILLING_GRACE_MINUTES = env.integer("PORTAL_BILLING_GRACE_MINUTES", 5, minimum=0)
 
 LOG_LEVELS = ["DEBUG", "INFO", "WARNING", "ERROR"]
 LOG_LEVEL = env.choice(

@@ -22,10 +22,8 @@ class LaunchForm(forms.Form):
         super().__init__(*args, **kwargs)
         offer_field = self.fields["offer"]
         assert isinstance(offer_field, forms.ChoiceField)
-        offer_field.choices = [
-            (offer.key, f"{offer.label} — {offer.free} free{' (simulated)' if offer.simulated else ''}")
-            for offer in offers
-        ]
+        offer_field.choices = [(offer.key, _choice_label(offer)) for offer in offers]
+        self.offers = offers
         default = NotebookImage.objects.filter(enabled=True, default=True).first()
         if default:
             self.fields["image"].initial = default.pk
@@ -35,3 +33,10 @@ class LaunchForm(forms.Form):
         if request_for(key) is None:
             raise forms.ValidationError("Pick one of the listed GPU slices.")
         return key
+
+
+def _choice_label(offer: Offer) -> str:
+    price = f" — {offer.price_per_hour}/h" if offer.price else ""
+    if offer.price and offer.price.spot_per_hour:
+        price += f", spot {offer.price.spot_per_hour}/h"
+    return f"{offer.label} — {offer.free} free{price}{' (simulated)' if offer.simulated else ''}"

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+
+from django.contrib.auth.models import User
 
 from sessions.gpus import catalog
 from sessions.gpus.allocator import SliceRequest, gpu_capacity
 from sessions.gpus.models import Gpu
+from sessions.notebooks import pricing
+from sessions.notebooks.pricing import OfferPrice
 
 
 @dataclass(frozen=True)
@@ -19,13 +23,23 @@ class Offer:
     free: int
     isolated: bool
     simulated: bool
+    price: OfferPrice | None = None  # from whoever bills launches (sessions/notebooks/pricing.py)
 
     @property
     def price_per_hour(self) -> str:
-        return "—"  # prices arrive with billing
+        return self.price.per_hour if self.price else "—"
 
 
-def offers() -> list[Offer]:
+def offers(owner: User | None = None) -> list[Offer]:
+    """What can be launched now; priced for ``owner`` (their balance, how long it lasts) when given."""
+    found = _available()
+    if owner is None:
+        return found
+    priced = pricing.current().prices(owner, [offer.request for offer in found])
+    return [replace(offer, price=priced.get(offer.request)) for offer in found]
+
+
+def _available() -> list[Offer]:
     free: dict[tuple[str, str, str], int] = defaultdict(int)
     simulated: dict[str, bool] = {}
     for gpu in Gpu.objects.filter(state=Gpu.State.OK).select_related("host"):

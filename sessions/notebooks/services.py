@@ -29,6 +29,7 @@ from sessions.gpus.allocator import (
     release,
 )
 from sessions.gpus.holders import Holder
+from sessions.notebooks import pricing
 from sessions.notebooks.hub import Hub, HubError, HubUnavailable
 from sessions.notebooks.models import NotebookImage, NotebookSession
 from sessions.runtime.docker import DockerRuntime, RuntimeError_
@@ -84,6 +85,10 @@ def start_session(owner: User, launch: Launch) -> NotebookSession:
     with transaction.atomic():
         User.objects.select_for_update().filter(pk=owner.pk).first()
         _check_session_limits(owner, launch.server_name)
+        # Under the owner's lock: two launches at once cannot both spend the same credit.
+        refusal = pricing.current().refusal(owner, launch.request, launch.spot)
+        if refusal:
+            raise LaunchRefused(refusal, code="credit")
         session = NotebookSession.objects.create(
             owner=owner,
             server_name=launch.server_name,

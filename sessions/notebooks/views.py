@@ -21,6 +21,7 @@ from portal.roles import can_launch, launch_refusal
 from sessions import access
 from sessions.metrics.agent import latest_frames
 from sessions.metrics.frames import device_utilisation
+from sessions.notebooks import pricing
 from sessions.notebooks.forms import LaunchForm
 from sessions.notebooks.models import NotebookSession
 from sessions.notebooks.offers import offers, request_for
@@ -47,7 +48,8 @@ def _page(request: PortalRequest, form: LaunchForm | None = None, status: int = 
     if not can_launch(user):
         context["refusal"] = launch_refusal()
     elif target != "session-cards":  # the cards poll often and show no form: skip the fleet-wide offers
-        context["form"] = form or LaunchForm(offers=offers())
+        context["form"] = form or LaunchForm(offers=offers(user))
+        context["wallet"] = pricing.current().wallet(user)
     if target in ("session-cards", "launch"):
         return render(request, f"{PAGE}#{target}", context, status=status)
     return render(request, PAGE, context, status=status)
@@ -63,7 +65,7 @@ def session_list(request: PortalRequest) -> HttpResponse:
 def launch(request: PortalRequest) -> HttpResponse:
     if not can_launch(request.user):
         return _page(request, status=403)
-    form = LaunchForm(request.POST, offers=offers())
+    form = LaunchForm(request.POST, offers=offers(request.user if isinstance(request.user, User) else None))
     if form.is_valid():
         wanted = request_for(form.cleaned_data["offer"])
         assert wanted is not None and isinstance(request.user, User)

@@ -8,6 +8,8 @@
   window.Portal.liveSocket("/ws/notifications/", function (message) {
     if (message.type === "session.changed" || message.type === "session.warning") {
       window.htmx.trigger(document.body, "sessions-changed");
+    } else if (typeof message.type === "string" && message.type.indexOf("billing.") === 0) {
+      window.htmx.trigger(document.body, "billing-changed");
     }
   });
 })();

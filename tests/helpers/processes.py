@@ -53,6 +53,7 @@ def child_env(**extra: str) -> dict[str, str]:
         PORTAL_NOTEBOOK_SUBNET=str(settings.USER_NETWORK.subnet),
         PORTAL_NOTEBOOK_INTERNET=str(settings.USER_NETWORK.internet).lower(),
         PORTAL_HUB_PORT=str(settings.USER_NETWORK.hub_port),
+        PORTAL_BILLING_MIN_MINUTES=str(settings.BILLING_MIN_MINUTES),
     )
     env.update(extra)
     return env

@@ -1,0 +1,357 @@
+"""Credit as people live with it: what runs and what it burns, how long the balance lasts, monthly
+budgets with alerts at 50/80/100 %, and the zero-balance stop (a warning, a grace period, then the
+person's sessions are stopped with reason ``credit`` and charged to the moment each container is gone).
+
+The balance is the ledger's (billing/ledger.py); the cost of a running holding is its started minutes
+at its frozen rate (billing/meter.py's rule), so what is shown rising is what the meter charges.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from datetime import UTC, date, datetime, timedelta
+from decimal import Decimal, InvalidOperation
+
+from django.conf import settings
+from django.contrib.auth.models import Group, User
+from django.core.exceptions import PermissionDenied, ValidationError
+from django.core.mail import send_mail
+from django.db import IntegrityError, transaction
+from django.db.models import Q, QuerySet, Sum
+from django.utils import timezone
+
+from billing import ledger, meter, money, prices
+from billing.models import Account, Budget, BudgetAlert, CreditStop, Entry, LedgerTransaction, Usage
+from portal import push
+from sessions.gpus.models import Slice
+from sessions.notebooks.models import NotebookSession
+from sessions.notebooks.services import stop_session
+
+log = logging.getLogger(__name__)
+THRESHOLDS = (50, 80, 100)
+MAX_BUDGET = Decimal(10_000_000)  # a month's budget larger than this is a typo
+HOUR = Decimal(money.MINUTES_PER_HOUR)
+
+
+@dataclass(frozen=True)
+class Running:
+    """A holding that runs now, as its owner sees it on the billing page and the session card."""
+
+    held: Slice
+    per_minute: Decimal
+    minutes: int  # started so far, all of them due
+    what: str
+
+    @property
+    def cost(self) -> Decimal:
+        return self.per_minute * self.minutes
+
+    @property
+    def per_hour(self) -> Decimal:
+        return self.per_minute * HOUR
+
+    @property
+    def next_minute_in(self) -> float:
+        """Seconds until the next minute starts, when the cost goes up again."""
+        assert self.held.held_from is not None
+        due = self.held.held_from + timedelta(minutes=self.minutes)
+        return max(1.0, (due - timezone.now()).total_seconds())
+
+
+@dataclass(frozen=True)
+class Wallet:
+    balance: Decimal
+    running: list[Running]
+
+    @property
+    def burn_per_hour(self) -> Decimal:
+        return sum((r.per_hour for r in self.running), Decimal(0))
+
+    @property
+    def time_left(self) -> timedelta | None:
+        """How long the balance lasts at the current burn; None while nothing burns."""
+        if not self.burn_per_hour:
+            return None
+        hours = max(self.balance, Decimal(0)) / self.burn_per_hour
+        return timedelta(seconds=int(hours * 3600))
+
+
+def running_holdings(owner: User | int) -> QuerySet[Slice]:
+    owner_id = owner if isinstance(owner, int) else owner.pk
+    return Slice.objects.filter(
+        owner_id=owner_id, held_from__isnull=False, held_until__isnull=True, released_at__isnull=True
+    ).select_related("gpu")
+
+
+def per_minute_of(held: Slice) -> Decimal | None:
+    """The frozen rate of a holding: its usage's, or the price in force at its start before the meter has
+    seen it (the same price the meter will freeze); None if no price covers it (it is not billed)."""
+    usage = Usage.objects.filter(slice=held).only("per_minute").first()
+    if usage is not None:
+        return usage.per_minute
+    assert held.held_from is not None
+    price = prices.in_force(prices.key_of(held, prices.market_of(held)), held.held_from)
+    if price is None:
+        return None
+    shares = max(held.gpu.share_limit, 1) if held.kind == Slice.Kind.SHARED else 1
+    return money.per_minute(price.per_hour, shares)
+
+
+def running(held: Slice, now: datetime | None = None) -> Running | None:
+    rate = per_minute_of(held)
+    if rate is None or held.held_from is None:
+        return None
+    minutes = meter.minutes_due(held.held_from, held.held_until, now or prices.database_now())
+    return Running(held, rate, minutes, _what(held))
+
+
+def _what(held: Slice) -> str:
+    name = ""
+    if held.holder_kind == "notebook" and held.holder_id:
+        name = NotebookSession.objects.filter(pk=held.holder_id).values_list("server_name", flat=True).first() or ""
+    return f"{name} · {held.describe()}" if name else held.describe()
+
+
+def wallet(owner: User) -> Wallet:
+    now = prices.database_now()
+    found = [running(held, now) for held in running_holdings(owner)]
+    return Wallet(ledger.balance(owner), [r for r in found if r is not None])
+
+
+def announce_charges() -> None:
+    """Tell the open pages of everyone who holds a slice that their balance moved (after a meter tick)."""
+    owners = Slice.objects.filter(held_from__isnull=False, held_until__isnull=True, released_at__isnull=True)
+    for owner_id in set(owners.values_list("owner_id", flat=True)):
+        push.notify_user(owner_id, {"type": "billing.charged"})
+
+
+# Launches: refused up front when the credit does not cover a minimum number of minutes.
+
+
+def launch_refusal(owner: User, per_minute: Decimal | None, spot: bool) -> str | None:
+    """Why a launch at ``per_minute`` may not start: the balance must cover PORTAL_BILLING_MIN_MINUTES of
+    it and of what already runs. None when it may (or nothing would be charged)."""
+    minutes = settings.BILLING_MIN_MINUTES
+    if not minutes or not per_minute:
+        return None
+    current = wallet(owner)
+    need = (per_minute * HOUR + current.burn_per_hour) * minutes / HOUR
+    if current.balance >= need:
+        return None
+    beside = " together with your running sessions" if current.running else ""
+    market = "spot " if spot else ""
+    return (
+        f"Not enough credit: this {market}slice costs {money.shown(per_minute * HOUR)} an hour, and starting it needs"
+        f" credit for {minutes} minutes{beside} ({money.shown(need)}); your balance is"
+        f" {money.shown(current.balance)}. Ask an operator to top up your credit, or pick a cheaper slice."
+    )
+
+
+# Budgets.
+
+
+def month_of(moment: datetime) -> date:
+    return moment.astimezone(UTC).date().replace(day=1)
+
+
+def _month_bounds(month: date) -> tuple[datetime, datetime]:
+    start = datetime(month.year, month.month, 1, tzinfo=UTC)
+    following = datetime(month.year + month.month // 12, month.month % 12 + 1, 1, tzinfo=UTC)
+    return start, following
+
+
+def _spending(month: date) -> QuerySet[Entry]:
+    """Wallet entries of the month's charges (and of their reversals, which give money back)."""
+    start, end = _month_bounds(month)
+    charges = Q(transaction__kind=LedgerTransaction.Kind.USAGE) | Q(
+        transaction__kind=LedgerTransaction.Kind.REVERSAL, transaction__reverses__kind=LedgerTransaction.Kind.USAGE
+    )
+    return Entry.objects.filter(
+        charges, account__kind=Account.Kind.WALLET, transaction__posted_at__gte=start, transaction__posted_at__lt=end
+    )
+
+
+def spent_by_person(month: date, users: list[int] | None = None) -> dict[int, Decimal]:
+    entries = _spending(month)
+    if users is not None:
+        entries = entries.filter(account__user_id__in=users)
+    rows = entries.values("account__user_id").annotate(total=Sum("amount"))
+    return {row["account__user_id"]: -row["total"] for row in rows}
+
+
+def spent(budget: Budget, month: date) -> Decimal:
+    members = [budget.user_id] if budget.user_id else list(budget.group.user_set.values_list("pk", flat=True))  # type: ignore[union-attr]
+    return sum(spent_by_person(month, members).values(), Decimal(0))
+
+
+def parse_budget(value: object) -> Decimal:
+    """A monthly budget from a form: a number above zero, at most two decimals, not absurd."""
+    try:
+        amount = value if isinstance(value, Decimal) else Decimal(str(value).strip())
+    except InvalidOperation:
+        raise ValidationError("A budget is a number, e.g. 500 or 99.50.", code="not_a_number") from None
+    if not amount.is_finite():
+        raise ValidationError("A budget is a number, e.g. 500 or 99.50.", code="not_a_number")
+    if amount <= 0:
+        raise ValidationError("A budget is more than zero; remove it to have none.", code="not_positive")
+    if money.decimals(amount) > money.SHOWN_PLACES:
+        raise ValidationError(f"A budget has at most {money.SHOWN_PLACES} decimals.", code="too_many_decimals")
+    if amount > MAX_BUDGET:
+        raise ValidationError(f"More than {MAX_BUDGET:,} a month: check the figure.", code="absurd")
+    return amount
+
+
+def set_budget(monthly: object, by: User, user: User | None = None, group: Group | None = None) -> Budget:
+    """A person sets their own budget; staff set anyone's and each group's. Alerts already sent this month stay."""
+    if (user is None) == (group is None):
+        raise ValidationError("A budget is for one person or one group.", code="whose")
+    if not by.is_staff and (group is not None or user != by):
+        raise PermissionDenied("Only staff set budgets for others and for groups.")
+    amount = parse_budget(monthly)
+    budget, _ = Budget.objects.update_or_create(
+        user=user, group=group, defaults={"monthly": amount, "set_by": by, "set_at": timezone.now()}
+    )
+    return budget
+
+
+def remove_budget(by: User, user: User | None = None, group: Group | None = None) -> None:
+    if not by.is_staff and (group is not None or user != by):
+        raise PermissionDenied("Only staff remove budgets of others and of groups.")
+    Budget.objects.filter(user=user, group=group).delete()
+
+
+def budget_for(user: User) -> Budget | None:
+    return Budget.objects.filter(user=user).first()
+
+
+def alerts_for(user: User, month: date) -> QuerySet[BudgetAlert]:
+    """This month's alerts of the person's own budget and of their groups' budgets."""
+    mine = Q(budget__user=user) | Q(budget__group__in=user.groups.all())
+    return BudgetAlert.objects.filter(mine, month=month).select_related("budget__group", "budget__user")
+
+
+def check_budgets(now: datetime | None = None) -> int:
+    """Beat: record (and send, once each) every threshold crossed this month; returns how many were new."""
+    month = month_of(now or timezone.now())
+    by_person = spent_by_person(month)
+    memberships: dict[int, list[int]] = {}
+    for user_id, group_id in User.groups.through.objects.values_list("user_id", "group_id"):
+        memberships.setdefault(group_id, []).append(user_id)
+    sent = 0
+    for budget in Budget.objects.select_related("user", "group"):
+        members = [budget.user_id] if budget.user_id else memberships.get(budget.group_id or 0, [])
+        total = sum((by_person.get(member, Decimal(0)) for member in members), Decimal(0))
+        for threshold in THRESHOLDS:
+            if total * 100 >= budget.monthly * threshold:
+                sent += _alert(budget, month, threshold, total, members)
+    return sent
+
+
+def _alert(budget: Budget, month: date, threshold: int, total: Decimal, members: list[int]) -> int:
+    try:
+        with transaction.atomic():
+            alert = BudgetAlert.objects.create(budget=budget, month=month, threshold=threshold, spent=total)
+    except IntegrityError:
+        return 0  # sent before (by this run's predecessor or a run beside it)
+    whose = "your" if budget.user_id else f"the group {budget.group}'s"
+    text = (
+        f"You have spent {threshold} % of {whose} budget for {month:%B %Y}:"
+        f" {money.shown(total)} of {money.shown(budget.monthly)}."
+    )
+    for member in members:
+        push.notify_user(member, {"type": "billing.budget", "threshold": threshold, "text": text})
+    recipients = [email for email in User.objects.filter(pk__in=members).values_list("email", flat=True) if email]
+    if recipients:
+        subject = f"{settings.SITE_NAME}: {threshold} % of {whose} budget spent"
+        transaction.on_commit(lambda: _mail(subject, text, recipients, alert.pk), robust=True)
+    return 1
+
+
+def _mail(subject: str, text: str, recipients: list[str], alert_id: int) -> None:
+    try:
+        send_mail(subject, text, None, recipients)
+    except OSError as error:
+        log.warning("budget alert %s was recorded but its mail failed: %s", alert_id, error)
+
+
+# The zero-balance stop.
+
+
+def open_stop(user: User) -> CreditStop | None:
+    return CreditStop.objects.filter(user=user, cleared_at__isnull=True).first()
+
+
+def check_balances(now: datetime | None = None) -> dict[str, int]:
+    """Beat: warn whoever holds slices at a zero balance, stop their sessions once the grace period is over,
+    and clear the warning of whoever has credit again."""
+    now = now or timezone.now()
+    holders = set(
+        Slice.objects.filter(held_from__isnull=False, held_until__isnull=True, released_at__isnull=True).values_list(
+            "owner_id", flat=True
+        )
+    )
+    stops = {stop.user_id: stop for stop in CreditStop.objects.filter(cleared_at__isnull=True)}
+    balances = _balances(holders | set(stops))
+    counts = {"warned": 0, "stopped": 0, "cleared": 0}
+    for user_id in holders:
+        if balances.get(user_id, Decimal(0)) > 0:
+            continue
+        stop = stops.get(user_id)
+        if stop is None:
+            counts["warned"] += _warn(user_id, now)
+        elif now >= stop.stop_at:
+            counts["stopped"] += _stop(stop, now)
+    for user_id, stop in stops.items():
+        if balances.get(user_id, Decimal(0)) > 0:
+            counts["cleared"] += clear(stop, now)
+    return counts
+
+
+def _balances(users: set[int]) -> dict[int, Decimal]:
+    rows = (
+        Entry.objects.filter(account__kind=Account.Kind.WALLET, account__user_id__in=users)
+        .values("account__user_id")
+        .annotate(total=Sum("amount"))
+    )
+    return {row["account__user_id"]: row["total"] for row in rows}
+
+
+def _warn(user_id: int, now: datetime) -> int:
+    stop_at = now + timedelta(minutes=settings.BILLING_GRACE_MINUTES)
+    try:
+        with transaction.atomic():
+            CreditStop.objects.create(user_id=user_id, warned_at=now, stop_at=stop_at)
+    except IntegrityError:
+        return 0
+    text = zero_balance_text(stop_at)
+    push.notify_user(user_id, {"type": "billing.zero_balance", "text": text, "stop_at": stop_at.isoformat()})
+    return 1
+
+
+def zero_balance_text(stop_at: datetime) -> str:
+    return (
+        f"Your credit has run out. Your running sessions will be stopped at {stop_at:%H:%M} UTC unless your"
+        " credit is topped up; ask an operator."
+    )
+
+
+def _stop(stop: CreditStop, now: datetime) -> int:
+    """Stop the person's running and starting sessions (each is charged to the moment its container is gone)."""
+    if CreditStop.objects.filter(pk=stop.pk, stopped_at__isnull=True).update(stopped_at=now):
+        push.notify_user(stop.user_id, {"type": "billing.credit_stop", "text": "Your sessions are being stopped."})
+    stopping = NotebookSession.objects.filter(
+        owner_id=stop.user_id, state__in=[NotebookSession.State.STARTING, NotebookSession.State.RUNNING]
+    )
+    count = 0
+    for session_id in stopping.values_list("pk", flat=True):
+        stop_session(session_id, by=None, reason=NotebookSession.EndReason.CREDIT)
+        count += 1
+    return count
+
+
+def clear(stop: CreditStop, now: datetime | None = None) -> int:
+    cleared = CreditStop.objects.filter(pk=stop.pk, cleared_at__isnull=True).update(cleared_at=now or timezone.now())
+    if cleared:
+        push.notify_user(stop.user_id, {"type": "billing.credit_restored", "text": "Your credit is back."})
+    return cleared

@@ -1,0 +1,85 @@
+"""Cost before launch: billing's answer to the notebook services' pricing seam (sessions/notebooks/pricing.py).
+
+The launch form shows each offer's price per hour, on-demand and spot, and how long the person's balance
+lasts at each; a launch the balance cannot carry for PORTAL_BILLING_MIN_MINUTES is refused before
+anything is allocated. Registered by BillingConfig.ready.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import timedelta
+from decimal import Decimal
+
+from django.contrib.auth.models import User
+
+from billing import credit, ledger, money, prices
+from billing.models import Market
+from sessions.gpus import catalog
+from sessions.gpus.allocator import SliceRequest
+from sessions.gpus.models import Gpu, Slice
+from sessions.notebooks.pricing import OfferPrice, WalletLine
+
+
+def per_minute(request: SliceRequest, market: str) -> Decimal | None:
+    """What a started minute of this offer costs now (a time-sliced share: 1/N of the GPU's price)."""
+    model = catalog.resolve(request.model)
+    profile = request.profile if request.kind == Slice.Kind.MIG else ""
+    price = prices.in_force(prices.PriceKey(model, request.kind, profile, market), prices.database_now())
+    if price is None:
+        return None
+    return money.per_minute(price.per_hour, _shares(request, model))
+
+
+def _shares(request: SliceRequest, model: str) -> int:
+    if request.kind != Slice.Kind.SHARED:
+        return 1
+    # The fewest shares of a GPU of that model: the dearest a share can be, never a lower figure than charged.
+    limits = Gpu.objects.filter(model_name=model, sharing=Gpu.Sharing.SHARED).values_list("share_limit", flat=True)
+    return max(min(limits, default=1), 1)
+
+
+def lasts(balance: Decimal, rate: Decimal | None) -> str:
+    """How long a balance carries a per-minute rate, in words."""
+    if not rate:
+        return ""
+    minutes = int(max(balance, Decimal(0)) / rate)
+    return duration(timedelta(minutes=minutes))
+
+
+def duration(span: timedelta) -> str:
+    minutes = int(span.total_seconds() // 60)
+    if minutes < 60:
+        return f"{minutes} min"
+    hours, rest = divmod(minutes, 60)
+    return f"{hours} h {rest:02d} min" if hours < 48 else f"{hours // 24} days"
+
+
+class BillingPricing:
+    def prices(self, owner: User, requests: Sequence[SliceRequest]) -> dict[SliceRequest, OfferPrice]:
+        balance = ledger.balance(owner)
+        priced = {}
+        for request in requests:
+            on_demand, spot = per_minute(request, Market.ON_DEMAND), per_minute(request, Market.SPOT)
+            if on_demand is None and spot is None:
+                continue
+            priced[request] = OfferPrice(
+                per_hour=_hourly(on_demand),
+                spot_per_hour=_hourly(spot) if spot is not None else "",
+                covers=lasts(balance, on_demand),
+                spot_covers=lasts(balance, spot),
+            )
+        return priced
+
+    def wallet(self, owner: User) -> WalletLine:
+        return WalletLine(
+            balance=money.shown(ledger.balance(owner)),
+            note="Billing is per started minute: a session pays each minute that has begun, the first at once.",
+        )
+
+    def refusal(self, owner: User, request: SliceRequest, spot: bool) -> str | None:
+        return credit.launch_refusal(owner, per_minute(request, Market.SPOT if spot else Market.ON_DEMAND), spot)
+
+
+def _hourly(rate: Decimal | None) -> str:
+    return "—" if rate is None else money.shown(rate * money.MINUTES_PER_HOUR)

@@ -1,0 +1,39 @@
+"""Billing's pieces on other apps' pages: a holding's live cost on a session card, the dashboard's credit
+card and its notices (zero balance, budget alerts). Templates load them; sessions' Python never imports
+billing."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django import template
+from django.contrib.auth.models import User
+
+from billing import credit, money, wallet
+from billing.launch import duration
+from sessions.gpus.models import Slice
+
+register = template.Library()
+
+
+@register.inclusion_tag(wallet.COST)
+def holding_cost(held: Slice | None) -> dict[str, Any]:
+    if held is None or held.held_from is None:
+        return {"held": None}
+    return wallet.cost_context(held)
+
+
+@register.inclusion_tag(wallet.NOTICES)
+def billing_notices(user: User) -> dict[str, Any]:
+    return wallet.notices_context(user)
+
+
+@register.inclusion_tag("billing/partials/credit_card.html")
+def credit_card(user: User) -> dict[str, Any]:
+    found = credit.wallet(user)
+    left = found.time_left
+    return {
+        "balance": money.shown(found.balance),
+        "burn": money.shown(found.burn_per_hour),
+        "time_left": duration(left) if left is not None else None,
+    }

@@ -1,0 +1,210 @@
+"""A person's own money: the billing page (balance, burn, time left, what runs and its cost rising, usage
+history with filters, the budget and its alerts), the live cost of one holding, and the notices the
+dashboard shows. Nobody reaches anyone else's: another person's holding answers 404.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import UTC, datetime, time, timedelta
+from decimal import Decimal
+
+from django import forms
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.contrib.auth.models import User
+from django.core.exceptions import ValidationError
+from django.db.models import F, QuerySet, Sum
+from django.db.models.functions import TruncDate
+from django.http import Http404, HttpResponse
+from django.shortcuts import redirect, render
+from django.utils import timezone
+from django.views.decorators.http import require_GET, require_POST
+
+from billing import credit, ledger, money, prices
+from billing.launch import duration
+from billing.models import Usage
+from portal.http import PortalRequest
+from sessions.gpus import catalog
+from sessions.gpus.models import Slice
+
+PAGE = "billing/account.html"
+COST = "billing/partials/holding_cost.html"
+NOTICES = "billing/partials/notices.html"
+HISTORY_ROWS = 100
+LONGEST_RANGE_DAYS = 366
+
+
+class HistoryFilter(forms.Form):
+    start = forms.DateField(required=False, label="From", widget=forms.DateInput(attrs={"type": "date"}))
+    end = forms.DateField(required=False, label="To", widget=forms.DateInput(attrs={"type": "date"}))
+    kind = forms.ChoiceField(required=False, choices=[("", "Any kind"), *Slice.Kind.choices])
+    model = forms.ChoiceField(required=False, label="GPU")
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        field = self.fields["model"]
+        assert isinstance(field, forms.ChoiceField)
+        field.choices = [("", "Any GPU"), *((name, name) for name in catalog.models())]
+
+    def clean(self) -> dict[str, object]:
+        data = super().clean() or {}
+        today = timezone.now().astimezone(UTC).date()
+        data["end"] = data.get("end") or today
+        data["start"] = data.get("start") or data["end"] - timedelta(days=29)
+        if data["start"] > data["end"]:
+            raise ValidationError("'From' is after 'To'.")
+        if (data["end"] - data["start"]).days >= LONGEST_RANGE_DAYS:
+            raise ValidationError(f"Pick a range of at most {LONGEST_RANGE_DAYS} days.")
+        return data
+
+
+class BudgetForm(forms.Form):
+    monthly = forms.CharField(label="Monthly budget", max_length=20, help_text="Alerts at 50, 80 and 100 %.")
+
+
+@dataclass(frozen=True)
+class Day:
+    day: object
+    amount: Decimal
+
+
+def _person(request: PortalRequest) -> User:
+    assert isinstance(request.user, User)
+    return request.user
+
+
+@login_required
+@require_GET
+def account(request: PortalRequest) -> HttpResponse:
+    user = _person(request)
+    history = HistoryFilter(request.GET)
+    context = {**_summary(user), **_history(user, history), "budget_form": BudgetForm()}
+    target = request.htmx.target if request.htmx else None
+    if target in ("wallet-live", "history"):
+        return render(request, f"{PAGE}#{target}", context)
+    return render(request, PAGE, context)
+
+
+def _summary(user: User) -> dict[str, object]:
+    wallet = credit.wallet(user)
+    budget = credit.budget_for(user)
+    month = credit.month_of(timezone.now())
+    spent = credit.spent(budget, month) if budget else None
+    left = wallet.time_left
+    return {
+        "wallet": wallet,
+        "balance": money.shown(wallet.balance),
+        "burn": money.shown(wallet.burn_per_hour),
+        "time_left": duration(left) if left is not None else None,
+        "time_left_hours": round(left.total_seconds() / 3600, 2) if left is not None else None,
+        "running": [(r, money.shown(r.per_hour)) for r in wallet.running],
+        "budget": budget,
+        "budget_monthly": money.shown(budget.monthly) if budget else "",
+        "spent": money.shown(spent) if spent is not None else "",
+        "spent_value": spent,
+        "budget_low": str(budget.monthly / 2) if budget else "",
+        "budget_high": str(budget.monthly * 4 / 5) if budget else "",
+        "alerts": list(credit.alerts_for(user, month)),
+        "month": month,
+    }
+
+
+def _history(user: User, history: HistoryFilter) -> dict[str, object]:
+    if not history.is_valid():
+        return {"history": history, "usages": [], "days": [], "history_total": money.shown(Decimal(0))}
+    data = history.cleaned_data
+    start = datetime.combine(data["start"], time.min, tzinfo=UTC)
+    end = datetime.combine(data["end"], time.min, tzinfo=UTC) + timedelta(days=1)
+    usages = Usage.objects.filter(owner=user, started__gte=start, started__lt=end)
+    if data.get("kind"):
+        usages = usages.filter(slice__kind=data["kind"])
+    if data.get("model"):
+        usages = usages.filter(slice__gpu__model_name=data["model"])
+    rows = list(usages.select_related("slice__gpu").annotate(cost=F("per_minute") * F("billed_minutes")))
+    days = _days(usages)
+    total = sum((row.cost for row in rows), Decimal(0))
+    return {
+        "history": history,
+        "usages": [(u, money.shown(u.cost)) for u in rows[:HISTORY_ROWS]],
+        "more_rows": len(rows) > HISTORY_ROWS,
+        "days": days,
+        "days_max": max((d.amount for d, _ in days), default=Decimal(0)),
+        "history_total": money.shown(total),
+    }
+
+
+def _days(usages: QuerySet[Usage]) -> list[tuple[Day, str]]:
+    """What each day's usages cost, by the day they started: the bars of the history."""
+    rows = (
+        usages.annotate(day=TruncDate("started", tzinfo=UTC))
+        .values("day")
+        .annotate(amount=Sum(F("per_minute") * F("billed_minutes")))
+        .order_by("day")
+    )
+    return [(Day(row["day"], row["amount"] or Decimal(0)), money.shown(row["amount"] or Decimal(0))) for row in rows]
+
+
+def _own_holding(user: User, slice_id: int) -> Slice:
+    """A holding of the person's own; anyone else's answers exactly like one that does not exist."""
+    held = Slice.objects.filter(pk=slice_id, owner=user, held_from__isnull=False).select_related("gpu").first()
+    if held is None:
+        raise Http404("No such usage among yours.")
+    return held
+
+
+@login_required
+@require_GET
+def holding_cost(request: PortalRequest, slice_id: int) -> HttpResponse:
+    """The cost so far of one holding: htmx fetches it again when its next minute starts."""
+    return render(request, COST, cost_context(_own_holding(_person(request), slice_id)))
+
+
+def cost_context(held: Slice) -> dict[str, object]:
+    found = credit.running(held, prices.database_now())
+    live = found is not None and held.held_until is None and held.released_at is None
+    return {
+        "held": held,
+        "cost": money.shown(found.cost) if found else "—",
+        "minutes": found.minutes if found else 0,
+        "live": live,
+        "delay": round(found.next_minute_in, 1) if found and live else 0,
+    }
+
+
+@login_required
+@require_GET
+def notices(request: PortalRequest) -> HttpResponse:
+    return render(request, NOTICES, notices_context(_person(request)))
+
+
+def notices_context(user: User) -> dict[str, object]:
+    stop = credit.open_stop(user)
+    balance = ledger.balance(user)
+    return {
+        "zero_balance": credit.zero_balance_text(stop.stop_at) if stop and balance <= 0 else "",
+        "stopped": bool(stop and stop.stopped_at and balance <= 0),
+        "alerts": list(credit.alerts_for(user, credit.month_of(timezone.now()))),
+    }
+
+
+@login_required
+@require_POST
+def budget(request: PortalRequest) -> HttpResponse:
+    """A person sets or removes their own monthly budget."""
+    user = _person(request)
+    if request.POST.get("remove"):
+        credit.remove_budget(by=user, user=user)
+        messages.info(request, "Your budget is removed.")
+        return redirect("billing-account")
+    form = BudgetForm(request.POST)
+    if form.is_valid():
+        try:
+            set_to = credit.set_budget(form.cleaned_data["monthly"], by=user, user=user)
+        except ValidationError as error:
+            form.add_error("monthly", error)
+        else:
+            messages.success(request, f"Your monthly budget is {money.shown(set_to.monthly)}.")
+            return redirect("billing-account")
+    context = {**_summary(user), **_history(user, HistoryFilter({})), "budget_form": form}
+    return render(request, PAGE, context, status=400)

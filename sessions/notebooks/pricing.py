@@ -1,0 +1,67 @@
+"""The seam through which whoever bills launches prices the offers and may refuse a launch.
+
+Sessions never import billing (billing imports sessions); billing's AppConfig.ready registers its
+``Pricing`` here. Without one registered, launches are free and never refused for money, and the
+form says prices are not set.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from django.contrib.auth.models import User
+
+from sessions.gpus.allocator import SliceRequest
+
+
+@dataclass(frozen=True)
+class OfferPrice:
+    """What one offer costs, in words ready to show: per hour on-demand and spot, and how long the
+    person's balance lasts at each rate (empty where unknown)."""
+
+    per_hour: str
+    spot_per_hour: str = ""
+    covers: str = ""
+    spot_covers: str = ""
+
+
+@dataclass(frozen=True)
+class WalletLine:
+    """The person's money as the launch form shows it."""
+
+    balance: str
+    note: str = ""
+
+
+class Pricing(Protocol):
+    def prices(self, owner: User, requests: Sequence[SliceRequest]) -> dict[SliceRequest, OfferPrice]: ...
+
+    def wallet(self, owner: User) -> WalletLine | None: ...
+
+    def refusal(self, owner: User, request: SliceRequest, spot: bool) -> str | None:
+        """Why this launch may not start for money reasons, in words; None if it may."""
+        ...
+
+
+class Unpriced:
+    def prices(self, owner: User, requests: Sequence[SliceRequest]) -> dict[SliceRequest, OfferPrice]:
+        return {}
+
+    def wallet(self, owner: User) -> WalletLine | None:
+        return None
+
+    def refusal(self, owner: User, request: SliceRequest, spot: bool) -> str | None:
+        return None
+
+
+_registered: list[Pricing] = [Unpriced()]
+
+
+def register(pricing: Pricing) -> None:
+    _registered[0] = pricing
+
+
+def current() -> Pricing:
+    return _registered[0]
