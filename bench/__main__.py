@@ -6,7 +6,7 @@ import argparse
 import importlib
 import sys
 
-BENCHMARKS = ["dashboard", "allocator", "spawn", "metrics"]
+BENCHMARKS = ["dashboard", "allocator", "spawn", "metrics", "billing"]
 
 
 def main(argv: list[str]) -> int:

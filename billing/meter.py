@@ -85,16 +85,19 @@ def _run(slice_id: int | None, wait: bool) -> Outcome:
         return _run_python(slice_id)
 
 
-# PostgreSQL: six statements per run, whatever the number of usages.
+# PostgreSQL: six statements per run, whatever the number of usages or the length of the history.
 
 OPEN_USAGES = """
-WITH opened AS (
+WITH held AS (
+    -- The slice_unmetered_idx partial index: only holdings the meter has not opened, whatever the history.
+    SELECT s.* FROM {slice} s WHERE s.held_from IS NOT NULL AND NOT s.metered {slice_filter}
+), opened AS (
     INSERT INTO {usage} (slice_id, owner_id, holder_kind, holder_id, market, price_id, per_minute, shares,
-                         started, ended, billed_minutes, open)
+                         started, ended, billed_minutes, open, folded)
     SELECT s.id, s.owner_id, s.holder_kind, s.holder_id, k.market, p.id,
            ROUND(p.per_hour / (60 * k.shares), {places}), k.shares, s.held_from,
-           k.ended, 0, true
-    FROM {slice} s
+           k.ended, 0, true, false
+    FROM held s
     JOIN {gpu} g ON g.id = s.gpu_id
     LEFT JOIN {notebook} n ON n.slice_id = s.id
     CROSS JOIN LATERAL (
@@ -111,9 +114,14 @@ WITH opened AS (
           AND p.effective_from <= s.held_from
         ORDER BY p.effective_from DESC LIMIT 1
     ) p ON true
-    WHERE s.held_from IS NOT NULL AND NOT EXISTS (SELECT 1 FROM {usage} u WHERE u.slice_id = s.id) {slice_filter}
+    WHERE NOT EXISTS (SELECT 1 FROM {usage} u WHERE u.slice_id = s.id)
     ON CONFLICT (slice_id) DO NOTHING
-    RETURNING owner_id
+    RETURNING slice_id, owner_id
+), marked AS (
+    -- A holding with no price yet stays unmarked, so it is opened once one is added.
+    UPDATE {slice} s SET metered = true
+    WHERE s.id IN (SELECT slice_id FROM opened)
+       OR (s.id IN (SELECT id FROM held) AND EXISTS (SELECT 1 FROM {usage} u WHERE u.slice_id = s.id))
 ), accounts AS (
     INSERT INTO {account} (kind, user_id)
     SELECT DISTINCT 'wallet', owner_id FROM opened
@@ -227,12 +235,15 @@ def _run_python(slice_id: int | None) -> Outcome:
 
 
 def _open_usages(slice_id: int | None) -> int:
-    held = Slice.objects.filter(held_from__isnull=False, usage__isnull=True).select_related("gpu")
+    held = Slice.objects.filter(held_from__isnull=False, metered=False).select_related("gpu")
     if slice_id is not None:
         held = held.filter(pk=slice_id)
     opened = 0
     for found in held:
         assert found.held_from is not None
+        if Usage.objects.filter(slice=found).exists():
+            Slice.objects.filter(pk=found.pk).update(metered=True)
+            continue
         market = prices.market_of(found)
         price = prices.in_force(prices.key_of(found, market), found.held_from)
         if price is None:
@@ -252,6 +263,7 @@ def _open_usages(slice_id: int | None) -> int:
             started=found.held_from,
             ended=max(end, found.held_from) if end else None,
         )
+        Slice.objects.filter(pk=found.pk).update(metered=True)
         Account.objects.get_or_create(kind=Account.Kind.WALLET, user_id=found.owner_id)
         opened += 1
     return opened

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from celery import shared_task
 
-from billing import credit, meter
+from billing import credit, meter, rollup
 from sessions.notebooks.services import CHARGE_HOLDING
 
 
@@ -45,3 +45,10 @@ def check_credit() -> dict[str, int]:
     counts = credit.check_balances()
     counts["budget_alerts"] = credit.check_budgets()
     return counts
+
+
+@shared_task
+def fold_minutes() -> dict[str, object]:
+    """Hourly: the minute rows of usages that ended long enough ago become one row per day."""
+    folded = rollup.roll_up()
+    return {"usages": folded.usages, "minutes": folded.minutes, "days": folded.days, "amount": str(folded.amount)}

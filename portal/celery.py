@@ -44,6 +44,7 @@ app.conf.beat_schedule = {
     "prune-gpu-history": {"task": "sessions.metrics.tasks.prune_gpu_history", "schedule": 3600.0},
     # A tick left in the queue past the next one is dropped: the next one charges all of it anyway.
     "billing-minute": {"task": "billing.tasks.charge_accrued", "schedule": 60.0, "options": {"expires": 55}},
+    "billing-fold-minutes": {"task": "billing.tasks.fold_minutes", "schedule": 3600.0},
     "billing-credit": {"task": "billing.tasks.check_credit", "schedule": 30.0, "options": {"expires": 25}},
 }
 

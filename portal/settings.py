@@ -400,6 +400,9 @@ METRICS_RETENTION_DAYS = env.integer("PORTAL_METRICS_RETENTION_DAYS", 30, minimu
 METRICS_TOKEN = env.text("PORTAL_METRICS_TOKEN", "")
 METRICS_SOCKETS_PER_USER = env.integer("PORTAL_METRICS_SOCKETS_PER_USER", 20, minimum=1)
 
+# Billing: an ended usage's minute rows are folded into one row per day this many days after its end.
+BILLING_MINUTE_DAYS = env.integer("PORTAL_BILLING_MINUTE_DAYS", 3, minimum=1)
+
 # Billing: the currency prices and the ledger are in (an ISO 4217 code; amounts show with two decimals).
 CURRENCY = env.text("PORTAL_CURRENCY", "CNY").upper()
 if not re.fullmatch(r"[A-Z]{3}", CURRENCY):

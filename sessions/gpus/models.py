@@ -185,6 +185,9 @@ class Slice(models.Model):
     allocated_at = models.DateTimeField()
     released_at = models.DateTimeField(null=True, blank=True)
     release_reason = models.CharField(max_length=100, blank=True)
+    metered = models.BooleanField(
+        default=False, db_default=False, help_text="Billing has opened the usage of its holding (billing/meter.py)."
+    )
 
     class Meta:
         ordering = ["-allocated_at"]
@@ -211,6 +214,10 @@ class Slice(models.Model):
             models.Index(fields=["holder_kind", "holder_id"], name="slice_holder_idx"),
             # What people asked for lately (demand.py): a look at the window's slices, not the whole table.
             models.Index(fields=["kind", "allocated_at"], name="slice_recent_idx"),
+            # The meter's look for holdings it has not opened yet: a few rows, however long the history.
+            models.Index(
+                fields=["id"], condition=Q(held_from__isnull=False, metered=False), name="slice_unmetered_idx"
+            ),
         ]
 
     def __str__(self) -> str:
