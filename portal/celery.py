@@ -41,6 +41,11 @@ app.conf.beat_schedule = {
     "sync-gpus": {"task": "sessions.gpus.tasks.sync_gpus", "schedule": 300.0},
     "reconcile-sessions": {"task": "sessions.notebooks.tasks.reconcile_sessions", "schedule": 20.0},
     "cull-idle-sessions": {"task": "sessions.notebooks.tasks.cull_idle_sessions", "schedule": 60.0},
+    "preempt-due-spot": {
+        "task": "sessions.notebooks.tasks.preempt_due_spot",
+        "schedule": 15.0,
+        "options": {"expires": 14},
+    },
     "prune-gpu-history": {"task": "sessions.metrics.tasks.prune_gpu_history", "schedule": 3600.0},
     # A tick left in the queue past the next one is dropped: the next one charges all of it anyway.
     "billing-minute": {"task": "billing.tasks.charge_accrued", "schedule": 60.0, "options": {"expires": 55}},

@@ -412,6 +412,10 @@ if not re.fullmatch(r"[A-Z]{3}", CURRENCY):
 BILLING_MIN_MINUTES = env.integer("PORTAL_BILLING_MIN_MINUTES", 10, minimum=0)
 BILLING_GRACE_MINUTES = env.integer("PORTAL_BILLING_GRACE_MINUTES", 5, minimum=0)
 
+# Spot: how long a spot session's owner is told before its slice is reclaimed for an on-demand launch
+# (a cloud's spot interruption notice; AWS gives two minutes).
+SPOT_GRACE_SECONDS = env.integer("PORTAL_SPOT_GRACE_SECONDS", 120, minimum=0)
+
 LOG_LEVELS = ["DEBUG", "INFO", "WARNING", "ERROR"]
 LOG_LEVEL = env.choice(
     "PORTAL_LOG_LEVEL", "INFO", {word: word.upper() for level in LOG_LEVELS for word in (level, level.lower())}

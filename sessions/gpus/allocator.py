@@ -22,7 +22,7 @@ import json
 import logging
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
@@ -38,8 +38,8 @@ from sessions.gpus import catalog, demand, placement
 from sessions.gpus.backends import BackendError, backend_for_host
 from sessions.gpus.backends.base import FoundInstance
 from sessions.gpus.catalog import GpuModel, Profile
-from sessions.gpus.holders import Holder
-from sessions.gpus.models import Gpu, GpuHost, GpuInstance, Slice, SliceQuota
+from sessions.gpus.holders import Holder, HolderKind
+from sessions.gpus.models import Gpu, GpuHost, GpuInstance, Reclaim, Slice, SliceQuota
 from sessions.gpus.placement import Layout
 
 log = logging.getLogger(__name__)
@@ -50,7 +50,8 @@ SLICE, USER, QUOTA = Slice._meta.db_table, User._meta.db_table, SliceQuota._meta
 
 @dataclass(frozen=True)
 class SliceRequest:
-    """What someone asks for: a MIG profile, a whole GPU or a time-sliced share, optionally on a model or host.
+    """What someone asks for: a MIG profile, a whole GPU or a time-sliced share, optionally on a model or host,
+    on-demand or spot (``Slice.Market``).
 
     ``model`` takes a catalog name or its short form (``H200``), as the fleet setting does.
     """
@@ -59,6 +60,7 @@ class SliceRequest:
     profile: str = ""
     model: str = ""
     host: str = ""
+    market: str = Slice.Market.ON_DEMAND
 
 
 class AllocationRefused(Exception):
@@ -134,13 +136,15 @@ def _checked(request: SliceRequest) -> SliceRequest:
     """The request with its model's full name; refused at once if it names what does not exist."""
     if request.kind not in Slice.Kind.values:
         raise AllocationRefused(f"Unknown kind of slice {request.kind!r}.", code="bad_request")
+    if request.market not in Slice.Market.values:
+        raise AllocationRefused(f"Unknown market {request.market!r}; on_demand or spot.", code="bad_request")
     model = catalog.resolve(request.model) if request.model else ""
     if request.model and model not in catalog.models():
         known = ", ".join(sorted(catalog.ALIASES))
         raise AllocationRefused(f"There is no GPU model {request.model!r}; try one of {known}.", code="unknown_model")
     if request.host and not GpuHost.objects.filter(name=request.host).exists():
         raise AllocationRefused(f"There is no GPU host named {request.host!r}.", code="unknown_host")
-    return SliceRequest(request.kind, request.profile, model, request.host)
+    return replace(request, model=model)
 
 
 def _first_look(owner: User, request: SliceRequest) -> tuple[int, int, list[tuple[Any, ...]]]:
@@ -171,6 +175,17 @@ def hold_every_pool() -> None:
     (fleet discovery compares the driver's instances with the rows at one moment)."""
     if connection.vendor == "postgresql":
         _batch(_turn([Slice.Kind.WHOLE, Slice.Kind.SHARED, *_mig_pools()]))
+
+
+def take_turn(request: SliceRequest) -> None:
+    """Wait for this request's pools' turn and keep it until the caller's transaction ends.
+
+    For a release that hands its room straight to a waiting request (a reclaimed spot slice): the turn
+    first, then the release's GPU row lock, the order every allocation takes them in, so neither waits
+    for the other in a circle, and no request in between can take the room.
+    """
+    if connection.vendor == "postgresql":
+        _batch(_turn(_pools(_checked(request))))
 
 
 def _pools(request: SliceRequest) -> list[str]:
@@ -277,7 +292,7 @@ def _place(
         key, start = choice
         claimed = _claim(request, model, profile, Layout.from_key(key), start)
         if claimed:
-            return _made(owner, profile, start, claimed, holder)
+            return _made(owner, request, profile, start, claimed, holder)
         groups = _batch(_groups_sql(request))[0]
 
 
@@ -294,7 +309,7 @@ def _take_layout_instance(owner: User, request: SliceRequest, profile: Profile, 
         if instance is not None:
             gpu.active_slices += 1
             gpu.save(update_fields=["active_slices"])
-            return _record(owner, gpu, instance, profile, holder)
+            return _record(owner, request, gpu, instance, profile, holder)
     return None
 
 
@@ -331,7 +346,14 @@ def _claim(
     return (int(row[0]), str(row[1]), str(row[2])) if row else None
 
 
-def _made(owner: User, profile: Profile, start: int, claimed: tuple[int, str, str], holder: Holder | None) -> Slice:
+def _made(
+    owner: User,
+    request: SliceRequest,
+    profile: Profile,
+    start: int,
+    claimed: tuple[int, str, str],
+    holder: Holder | None,
+) -> Slice:
     """Have the driver make the instance on the claimed GPU, then record it and the slice (one round trip)."""
     gpu_id, gpu_uuid, backend = claimed
     try:
@@ -340,7 +362,7 @@ def _made(owner: User, profile: Profile, start: int, claimed: tuple[int, str, st
         _unclaim(gpu_id, profile, start)
         raise AllocationRefused(f"The GPU host refused the slice: {error}", code="backend") from None
     instance = GpuInstance.of(gpu_id, made, GpuInstance.Origin.DYNAMIC)
-    taken = _mig_slice(owner, gpu_id, holder, profile, made)
+    taken = _mig_slice(owner, request, gpu_id, holder, profile, made)
     created, recorded = _batch(
         _insert(instance),
         # Its instance by device UUID in the same round trip, before the instance's id is known here.
@@ -351,11 +373,18 @@ def _made(owner: User, profile: Profile, start: int, claimed: tuple[int, str, st
 
 
 def _slice(
-    owner: User, gpu_id: int, kind: str, holder: Holder | None, device_uuid: str, compute_slices: int, memory_gib: float
+    owner: User,
+    request: SliceRequest,
+    gpu_id: int,
+    holder: Holder | None,
+    device_uuid: str,
+    compute_slices: int,
+    memory_gib: float,
 ) -> Slice:
     return Slice(
         gpu_id=gpu_id,
-        kind=kind,
+        kind=request.kind,
+        market=request.market,
         holder_kind=holder.kind if holder else "",
         holder_id=holder.id if holder else None,
         compute_slices=compute_slices,
@@ -367,11 +396,14 @@ def _slice(
 
 
 def _mig_slice(
-    owner: User, gpu_id: int, holder: Holder | None, profile: Profile, placed: FoundInstance | GpuInstance
+    owner: User,
+    request: SliceRequest,
+    gpu_id: int,
+    holder: Holder | None,
+    profile: Profile,
+    placed: FoundInstance | GpuInstance,
 ) -> Slice:
-    taken = _slice(
-        owner, gpu_id, Slice.Kind.MIG, holder, placed.device_uuid, profile.compute_slices, profile.memory_gib
-    )
+    taken = _slice(owner, request, gpu_id, holder, placed.device_uuid, profile.compute_slices, profile.memory_gib)
     taken.profile, taken.placement_start, taken.placement_size = profile.name, placed.start, placed.size
     return taken
 
@@ -401,8 +433,10 @@ def _layout_values(layout: Layout) -> list[Any]:
     return [layout.memory_mask, layout.compute_used, counts, layout.key]
 
 
-def _record(owner: User, gpu: Gpu, instance: GpuInstance, profile: Profile, holder: Holder | None) -> Slice:
-    taken = _mig_slice(owner, gpu.pk, holder, profile, instance)
+def _record(
+    owner: User, request: SliceRequest, gpu: Gpu, instance: GpuInstance, profile: Profile, holder: Holder | None
+) -> Slice:
+    taken = _mig_slice(owner, request, gpu.pk, holder, profile, instance)
     taken.instance = instance
     taken.save(force_insert=True)
     return taken
@@ -424,7 +458,7 @@ def _allocate_gpu(owner: User, request: SliceRequest, holder: Holder | None) -> 
         raise AllocationRefused(f"No {label}{where} is free now; try again later or pick a MIG slice.")
     gpu.active_slices += 1
     gpu.save(update_fields=["active_slices"])
-    taken = _slice(owner, gpu.pk, request.kind, holder, gpu.uuid, gpu.catalog_model.compute_slices or 1, gpu.memory_gib)
+    taken = _slice(owner, request, gpu.pk, holder, gpu.uuid, gpu.catalog_model.compute_slices or 1, gpu.memory_gib)
     taken.save(force_insert=True)
     return taken
 
@@ -511,6 +545,46 @@ def holding_ended(slice_id: int, since: datetime | None, until: datetime | None)
         return
     holding_started(slice_id, since)
     Slice.objects.filter(pk=slice_id, held_until__isnull=True).update(held_until=Greatest(until, F("held_from")))
+
+
+def reclaimable(request: SliceRequest) -> Slice | None:
+    """The spot slice whose end would make room for ``request`` (one refused for capacity), or None.
+
+    Only an active spot slice a notebook session holds and that nobody is waiting for already; never an
+    on-demand one. The youngest first: it has the least work to lose. The room it leaves must fit the
+    request: the MIG layout without its instance admits the profile (dynamic), or its instance is of
+    the profile (static); a whole GPU it alone holds; a share of a full time-sliced GPU.
+    Read-only: the caller records the promise (``Reclaim``) in the turn its refused ``allocate`` took.
+    """
+    request = _checked(request)
+    promised = Reclaim.objects.filter(slice=OuterRef("pk"), state=Reclaim.State.PENDING)
+    spot = Slice.objects.filter(
+        released_at__isnull=True,
+        market=Slice.Market.SPOT,
+        holder_kind=HolderKind.NOTEBOOK,
+        kind=request.kind,
+        gpu__in=_gpus(request, request.kind),
+    )
+    spot = spot.exclude(Exists(promised)).select_related("gpu").order_by("-allocated_at", "-id")
+    return next((taken for taken in spot if _room_after(taken, request)), None)
+
+
+def _room_after(taken: Slice, request: SliceRequest) -> bool:
+    """Whether ``request`` fits on ``taken``'s GPU once ``taken`` is gone."""
+    gpu = taken.gpu
+    if request.kind == Slice.Kind.WHOLE:
+        return gpu.active_slices == 1
+    if request.kind == Slice.Kind.SHARED:
+        return gpu.active_slices >= gpu.share_limit
+    model = gpu.catalog_model
+    if not any(profile.name == request.profile for profile in model.profiles):
+        return False
+    if gpu.mig_policy == Gpu.Policy.STATIC:
+        return taken.profile == request.profile
+    if taken.placement_start is None:
+        return False
+    without = gpu.layout().without_instance(model.profile(taken.profile), taken.placement_start)
+    return bool(placement.free_starts(model, without, model.profile(request.profile)))
 
 
 def free_capacity(model_name: str | None = None) -> dict[str, int]:

@@ -164,6 +164,12 @@ class Slice(models.Model):
         WHOLE = "whole", "Whole GPU"
         SHARED = "shared", "Time-sliced share"
 
+    class Market(models.TextChoices):
+        """How it is sold: on-demand, or spot (cheaper, and reclaimed when an on-demand request needs the room)."""
+
+        ON_DEMAND = "on_demand", "On-demand"
+        SPOT = "spot", "Spot"
+
     gpu = models.ForeignKey(Gpu, on_delete=models.PROTECT, related_name="slices")
     instance = models.ForeignKey(GpuInstance, on_delete=models.SET_NULL, null=True, blank=True, related_name="slices")
     kind = models.CharField(max_length=10, choices=Kind.choices)
@@ -185,6 +191,7 @@ class Slice(models.Model):
     allocated_at = models.DateTimeField()
     released_at = models.DateTimeField(null=True, blank=True)
     release_reason = models.CharField(max_length=100, blank=True)
+    market = models.CharField(max_length=10, choices=Market.choices, default=Market.ON_DEMAND, db_default="on_demand")
     metered = models.BooleanField(
         default=False, db_default=False, help_text="Billing has opened the usage of its holding (billing/meter.py)."
     )
@@ -237,6 +244,53 @@ class Slice(models.Model):
         if self.kind == self.Kind.MIG:
             return f"{self.profile} at memory slice {self.placement_start} of {self.gpu}"
         return f"{self.get_kind_display()} on {self.gpu}"
+
+
+_PENDING_RECLAIM = Q(state="pending")
+
+
+class Reclaim(models.Model):
+    """A spot slice promised to a holder an on-demand request found no room for.
+
+    The spot holder is told and, after PORTAL_SPOT_GRACE_SECONDS, stopped; when it is gone the waiting
+    holder is given the room in the same transaction as the release (sessions/notebooks/spot.py). The
+    request it waits with is kept here, so the hand-over asks for exactly what was refused.
+    """
+
+    class State(models.TextChoices):
+        PENDING = "pending", "Waiting for the spot slice"
+        HANDED_OVER = "handed_over", "Handed over"
+        CANCELLED = "cancelled", "Cancelled"
+
+    slice = models.ForeignKey(Slice, on_delete=models.PROTECT, related_name="reclaims")
+    waiting_kind = models.CharField(max_length=16, choices=HolderKind.choices)
+    waiting_id = models.PositiveBigIntegerField(help_text="The waiting session's or render job's id.")
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="reclaims")
+    request_kind = models.CharField(max_length=10, choices=Slice.Kind.choices)
+    request_profile = models.CharField(max_length=32, blank=True)
+    request_model = models.CharField(max_length=64, blank=True)
+    request_host = models.CharField(max_length=100, blank=True)
+    noticed_at = models.DateTimeField(help_text="When the spot holder's owner was told.")
+    due_at = models.DateTimeField(help_text="When the spot holder is stopped: the notice plus the grace time.")
+    state = models.CharField(max_length=12, choices=State.choices, default=State.PENDING)
+    settled_at = models.DateTimeField(null=True, blank=True, help_text="When it was handed over or cancelled.")
+
+    class Meta:
+        ordering = ["-noticed_at"]
+        constraints = [
+            models.UniqueConstraint(fields=["slice"], condition=_PENDING_RECLAIM, name="reclaim_one_pending_per_slice"),
+            models.UniqueConstraint(
+                fields=["waiting_kind", "waiting_id"], condition=_PENDING_RECLAIM, name="reclaim_one_pending_per_waiter"
+            ),
+        ]
+        indexes = [models.Index(fields=["due_at"], condition=_PENDING_RECLAIM, name="reclaim_pending_due_idx")]
+
+    def __str__(self) -> str:
+        return f"slice {self.slice_id} for {self.waiting}: {self.state}"
+
+    @property
+    def waiting(self) -> Holder:
+        return Holder(HolderKind(self.waiting_kind), self.waiting_id)
 
 
 class SliceQuota(models.Model):

@@ -79,6 +79,7 @@ class NotebookSession(models.Model):
         RECONCILIATION = "reconciliation", "Its container was gone"
         STAFF = "staff", "Stopped by an operator"
         CREDIT = "credit", "Credit ran out"
+        PREEMPTED = "preempted", "Reclaimed for an on-demand session (spot)"
 
     ACTIVE = (State.REQUESTED, State.ALLOCATING, State.STARTING, State.RUNNING, State.STOPPING)
     ENDED = (State.STOPPED, State.FAILED, State.PREEMPTED)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 
 from django.conf import settings
@@ -26,10 +26,10 @@ from sessions.gpus.allocator import (
     allocate,
     holding_ended,
     holding_started,
-    release,
 )
 from sessions.gpus.holders import Holder
-from sessions.notebooks import pricing
+from sessions.gpus.models import Slice
+from sessions.notebooks import pricing, spot
 from sessions.notebooks.hub import Hub, HubError, HubUnavailable
 from sessions.notebooks.models import NotebookImage, NotebookSession
 from sessions.runtime.docker import DockerRuntime, RuntimeError_
@@ -54,6 +54,12 @@ HUB_NEVER_ANSWERED = (
 HUB_REFUSED = "The notebook service refused to start this session. Try again; if it keeps happening, tell an operator."
 LAUNCH_FAILED = "The session's container could not be started. Try again; if it keeps happening, tell an operator."
 CRASHED = "The session stopped unexpectedly: {cause}. Files in work/ are kept; start a new session to go on."
+WAITING_FOR_SPOT = "Waiting for a spot session to hand over its slice, at {due:%H:%M:%S} UTC"
+SPOT_HANDED_OVER = "Slice handed over by a spot session"
+SPOT_DID_NOT_FIT = (
+    "The spot slice this session waited for was freed, but the session did not fit on it after all. "
+    "Try again; if it keeps happening, tell an operator."
+)
 
 
 class LaunchRefused(Exception):
@@ -74,7 +80,11 @@ class Launch:
 
 
 def start_session(owner: User, launch: Launch) -> NotebookSession:
-    """Allocate a slice and record the session; the hub is asked to start it after commit."""
+    """Allocate a slice and record the session; the hub is asked to start it after commit.
+
+    An on-demand launch that finds no room may wait for a spot slice instead (``spot.wait_for_spot``):
+    it is recorded allocating, and gets the slice when the spot session is gone.
+    """
     if not can_launch(owner):
         raise LaunchRefused(launch_refusal(), code="role")
     if not NAME.match(launch.server_name):
@@ -97,15 +107,27 @@ def start_session(owner: User, launch: Launch) -> NotebookSession:
             spot=launch.spot,
             state=State.ALLOCATING,
         )
+        market = Slice.Market.SPOT if launch.spot else Slice.Market.ON_DEMAND
+        request = replace(launch.request, market=market)
         try:
-            session.slice = allocate(owner, launch.request, holder=Holder.notebook(session.pk))
+            session.slice = allocate(owner, request, holder=Holder.notebook(session.pk))
         except AllocationRefused as refused:
-            raise LaunchRefused(refused.reason, code=refused.code) from None
+            spot_due = None if launch.spot or refused.code != "no_capacity" else spot.wait_for_spot(session, request)
+            if spot_due is None:
+                raise LaunchRefused(refused.reason, code=refused.code) from None
+            return _waiting_for_spot(session, spot_due)
         session.state, session.progress, session.progress_message = State.STARTING, 10, "Slice allocated"
         session.progress_at = timezone.now()
         session.save(update_fields=["slice", "state", "progress", "progress_message", "progress_at"])
         _announce(session)
         transaction.on_commit(lambda: _enqueue_start(session.pk))
+    return session
+
+
+def _waiting_for_spot(session: NotebookSession, due: datetime) -> NotebookSession:
+    session.progress_message, session.progress_at = WAITING_FOR_SPOT.format(due=due), timezone.now()
+    session.save(update_fields=["progress_message", "progress_at"])
+    _announce(session)
     return session
 
 
@@ -220,6 +242,10 @@ def stop_session(session_id: int, by: User | None, reason: str = NotebookSession
             return session
         if by is not None and by.pk != session.owner_id and reason == NotebookSession.EndReason.USER:
             reason = NotebookSession.EndReason.STAFF
+        if session.state == State.ALLOCATING:  # waiting for a spot slice: nothing runs, no hub to ask
+            spot.give_up(session.pk)
+            session.ended_reason = reason
+            return _end(session, reason)
         session.state, session.ended_reason = State.STOPPING, reason
         session.save(update_fields=["state", "ended_reason"])
         _announce(session)
@@ -228,6 +254,22 @@ def stop_session(session_id: int, by: User | None, reason: str = NotebookSession
     except HubError as error:
         log.warning("stopping %s: %s", session, error)
     return session
+
+
+def preempt_spot(reclaim_id: int) -> NotebookSession | None:
+    """The grace time of a reclaim is up: stop its spot session (reason preempted); its end hands the slice over.
+
+    Nothing happens when it is not due yet, already settled or stopping, or its waiting session gave up.
+    """
+    session_id = spot.due_spot_session(reclaim_id)
+    if session_id is None:
+        return None
+    return stop_session(session_id, by=None, reason=NotebookSession.EndReason.PREEMPTED)
+
+
+def preempt_due_spot() -> int:
+    """Beat's sweep: every reclaim past its grace time, in case its own task was lost. Returns how many."""
+    return sum(preempt_spot(reclaim_id) is not None for reclaim_id in spot.due_reclaims())
 
 
 def exempt_from_idle_stop(session_id: int, exempt: bool = True) -> NotebookSession:
@@ -342,11 +384,28 @@ def _end(
         if session.slice_id:
             holding_ended(session.slice_id, session.container_started_at, session.container_gone_at)
             _charge_to_the_end(session.slice_id)
-    session.state = State.FAILED if failed else State.STOPPED
     session.ended_reason = session.ended_reason or reason or NotebookSession.EndReason.RECONCILIATION
+    session.state = State.FAILED if failed else State.STOPPED
+    if session.ended_reason == NotebookSession.EndReason.PREEMPTED and not failed:
+        session.state = State.PREEMPTED
     session.stamp("ended_at")
     session.save()
     _announce(session)
     if session.slice_id and session.slice and session.slice.active:
-        release(session.slice_id, reason=f"notebook {session.state}")
+        handed = spot.release_to_waiting(session.slice_id, reason=f"notebook {session.state}")
+        if handed is not None:
+            _take_over(handed)
     return session
+
+
+def _take_over(handed: spot.HandOver) -> None:
+    """The session that waited for a spot slice: starting on its new slice, or failed with why not."""
+    waiting = NotebookSession.objects.get(pk=handed.session_id)  # locked by the hand-over
+    if handed.taken is None:
+        _failed(waiting, SPOT_DID_NOT_FIT, detail=handed.refused)
+        return
+    waiting.slice, waiting.state, waiting.progress = handed.taken, State.STARTING, 10
+    waiting.progress_message, waiting.progress_at = SPOT_HANDED_OVER, timezone.now()
+    waiting.save(update_fields=["slice", "state", "progress", "progress_message", "progress_at"])
+    _announce(waiting)
+    transaction.on_commit(lambda: _enqueue_start(waiting.pk))

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from celery import Task, shared_task
 
-from sessions.notebooks import culling, reconcile, services
+from sessions.notebooks import culling, reconcile, services, spot
 
 
 @shared_task(bind=True, max_retries=None, name=services.START_NOTEBOOK)
@@ -33,3 +33,15 @@ def reconcile_sessions() -> dict[str, int]:
 def cull_idle_sessions() -> dict[str, int]:
     """Every minute: warn, then stop, sessions idle too long or past the maximum age."""
     return culling.cull_running()
+
+
+@shared_task(name=spot.PREEMPT_SPOT)
+def preempt_spot(reclaim_id: int) -> None:
+    """A reclaim's grace time is up (enqueued with that countdown): stop its spot session."""
+    services.preempt_spot(reclaim_id)
+
+
+@shared_task
+def preempt_due_spot() -> int:
+    """Every 15 s: stop the spot sessions whose grace time is up, should a reclaim's own task be lost."""
+    return services.preempt_due_spot()
