@@ -27,7 +27,6 @@ from django.db import connection, transaction
 from billing import money, prices
 from billing.models import Account, ChargedMinute, Entry, LedgerTransaction, Market, Price, Usage
 from sessions.gpus.models import Gpu, Slice
-from sessions.notebooks.models import NotebookSession
 
 log = logging.getLogger(__name__)
 LOCK_KEY = 0x6269_6C6C_6D65_7465  # "billmete": one meter at a time
@@ -37,7 +36,6 @@ PORTAL_ACCOUNTS = [Account.Kind.REVENUE_ON_DEMAND, Account.Kind.REVENUE_SPOT]
 T = {
     "slice": Slice._meta.db_table,
     "gpu": Gpu._meta.db_table,
-    "notebook": NotebookSession._meta.db_table,
     "price": Price._meta.db_table,
     "usage": Usage._meta.db_table,
     "minute": ChargedMinute._meta.db_table,
@@ -99,9 +97,8 @@ WITH held AS (
            k.ended, 0, true, false
     FROM held s
     JOIN {gpu} g ON g.id = s.gpu_id
-    LEFT JOIN {notebook} n ON n.slice_id = s.id
     CROSS JOIN LATERAL (
-        SELECT CASE WHEN n.spot THEN 'spot' ELSE 'on_demand' END AS market,
+        SELECT s.market AS market,
                CASE WHEN s.kind = 'mig' THEN s.profile ELSE '' END AS profile,
                CASE WHEN s.kind = 'shared' THEN GREATEST(g.share_limit, 1) ELSE 1 END AS shares,
                -- GREATEST skips NULLs in PostgreSQL: a holding with no end must stay without one.

@@ -39,9 +39,8 @@ def key_of(held: Slice, market: str) -> PriceKey:
 
 
 def market_of(held: Slice) -> str:
-    """Spot for a spot notebook session's slice, else on-demand; the meter's SQL says the same."""
-    spot = Slice.objects.filter(pk=held.pk, notebook__spot=True).exists()
-    return Market.SPOT if spot else Market.ON_DEMAND
+    """The market the slice was allocated on (``Slice.market``); the meter's SQL reads the same column."""
+    return Market.SPOT if held.market == Slice.Market.SPOT else Market.ON_DEMAND
 
 
 def in_force(key: PriceKey, at: datetime) -> Price | None:
@@ -147,5 +146,4 @@ def _holdings_repriced(key: PriceKey, since: datetime) -> int:
         held = held.filter(held_from__lt=later.effective_from)
     if key.kind == Slice.Kind.MIG:
         held = held.filter(profile=key.profile)
-    spot = held.filter(notebook__spot=True)
-    return (spot if key.market == Market.SPOT else held.exclude(pk__in=spot.values("pk"))).count()
+    return held.filter(market=Slice.Market.SPOT if key.market == Market.SPOT else Slice.Market.ON_DEMAND).count()
