@@ -69,7 +69,8 @@ def _judge(session: NotebookSession, last: datetime, now: datetime) -> str | Non
         deadlines.append((idle_limit, "it is idle"))
     deadline, why = min(deadlines)
     if now >= deadline - warning and not session.warned_at:
-        _warn(session, now, f"{session.server_name} will be stopped at {deadline:%H:%M} UTC because {why}.")
+        text = f"{session.server_name} will be stopped at {deadline:%H:%M} UTC because {why}."
+        _warn(session, now, f"{text} Use it, or stop it yourself.")
         return "warned"
     return None
 

@@ -83,6 +83,7 @@ class NotebookSession(models.Model):
 
     ACTIVE = (State.REQUESTED, State.ALLOCATING, State.STARTING, State.RUNNING, State.STOPPING)
     ENDED = (State.STOPPED, State.FAILED, State.PREEMPTED)
+    CHANGING = (State.ALLOCATING, State.STARTING, State.STOPPING)  # the cards poll while one is in these
 
     owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="notebook_sessions")
     server_name = models.SlugField(max_length=40, help_text="The named server in JupyterHub.")
@@ -131,6 +132,14 @@ class NotebookSession(models.Model):
         if self.state != self.State.STARTING or self.progress_at is None:
             return False
         return (timezone.now() - self.progress_at).total_seconds() > settings.SLOW_STEP_SECONDS
+
+    @property
+    def spot_wait_percent(self) -> int:
+        """How much of the spot grace time an allocating session has waited (it gets the slice at the end)."""
+        if self.state != self.State.ALLOCATING or self.progress_at is None:
+            return 0
+        waited = (timezone.now() - self.progress_at).total_seconds()
+        return min(99, round(100 * waited / max(settings.SPOT_GRACE_SECONDS, 1)))
 
     @property
     def badge(self) -> tuple[str, str]:

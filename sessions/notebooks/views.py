@@ -42,7 +42,7 @@ def _page(request: PortalRequest, form: LaunchForm | None = None, status: int = 
     )
     context: dict[str, object] = {
         "sessions": sessions,
-        "changing": any(s.state in (NotebookSession.State.STARTING, NotebookSession.State.STOPPING) for s in sessions),
+        "changing": any(s.state in NotebookSession.CHANGING for s in sessions),
     }
     target = request.htmx.target if request.htmx else None
     if not can_launch(user):

@@ -237,3 +237,21 @@ def test_two_launches_at_once_get_one_promise(notebook_image: NotebookImage, ali
         thread.join(60)
     assert sorted(outcomes) == sorted([State.ALLOCATING, "no_capacity"])
     assert Reclaim.objects.filter(state=Reclaim.State.PENDING).count() == 1
+
+
+def test_the_cards_show_the_notice_and_the_wait(notebook_image: NotebookImage, alice: User, bob: User) -> None:
+    from django.test import Client
+
+    running(bob, notebook_image, WHOLE_H200, spot=True)
+    waiting = start_session(alice, Launch(SMALL, notebook_image.pk, "urgent"))
+    owner, them = Client(), Client()
+    owner.force_login(bob)
+    them.force_login(alice)
+    bobs = owner.get("/sessions/", headers={"HX-Request": "true", "HX-Target": "session-cards"}).content.decode()
+    assert 'data-testid="session-notice"' in bobs and "is reclaimed for an on-demand session" in bobs
+    assert "is reclaimed" in owner.get("/").content.decode()  # the dashboard says it too
+    alices = them.get("/sessions/", headers={"HX-Request": "true", "HX-Target": "session-cards"}).content.decode()
+    assert f'<progress id="progress-{waiting.pk}" max="100"' in alices
+    assert "Waiting for a spot session to hand over its slice" in alices
+    assert "every 3s" in alices  # the cards poll while it waits
+    assert "session-notice" not in alices
