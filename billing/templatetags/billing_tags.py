@@ -36,4 +36,5 @@ def credit_card(user: User) -> dict[str, Any]:
         "balance": money.shown(found.balance),
         "burn": money.shown(found.burn_per_hour),
         "time_left": duration(left) if left is not None else None,
+        "empty": found.balance <= 0,
     }

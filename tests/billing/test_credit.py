@@ -192,4 +192,4 @@ def test_the_dashboard_shows_the_zero_balance_warning_and_the_balance(hold: Hold
     credit.check_balances()
     page = client_of(alice).get(reverse("dashboard")).content.decode()
     assert "Your credit has run out" in page and "will be stopped at" in page
-    assert "0.00 CNY" in page
+    assert "0.00 CNY" in page and "nothing left to burn" in page

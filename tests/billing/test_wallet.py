@@ -138,7 +138,7 @@ def test_the_session_card_shows_its_cost_so_far(fleet: object, alice: User, alic
     session.slice.refresh_from_db()  # type: ignore[union-attr]
     page = alice_client.get(reverse("session-list")).content.decode()
     rate = credit.per_minute_of(session.slice)  # type: ignore[arg-type]
-    assert rate is not None and f'Cost: <span class="cost" id="cost-{session.slice_id}"' in page
+    assert rate is not None and f'Cost: <span class="holding-cost" id="cost-{session.slice_id}"' in page
     assert f"{rate.quantize(Decimal('0.01'))} CNY" in page and "1 started minute" in page
 
 

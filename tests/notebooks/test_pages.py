@@ -24,11 +24,11 @@ def launch(client: Client, image: NotebookImage, offer: str = MIG_OFFER, name: s
     return client.post(reverse("session-launch"), {"offer": offer, "image": image.pk, "server_name": name})
 
 
-def test_the_page_offers_each_slice_with_what_is_free(notebook_image: NotebookImage, alice: User) -> None:
+def test_the_page_offers_each_slice_with_what_is_free_and_its_price(notebook_image: NotebookImage, alice: User) -> None:
     page = as_user(alice).get(reverse("session-list")).content.decode()
-    assert "H200-SXM5-141GB · MIG 1g.18gb (16 GiB) — 7 free (simulated)" in page
-    assert "H200-SXM5-141GB · MIG 7g.141gb (139.75 GiB) — 1 free (simulated)" in page
-    assert "L4-24GB · whole GPU (24 GiB) — 1 free (simulated)" in page
+    assert "H200-SXM5-141GB · MIG 1g.18gb (16 GiB) — 7 free — 3.00 CNY/h, spot 1.20 CNY/h (simulated)" in page
+    assert "H200-SXM5-141GB · MIG 7g.141gb (139.75 GiB) — 1 free — 20.97 CNY/h, spot 8.39 CNY/h (simulated)" in page
+    assert "L4-24GB · whole GPU (24 GiB) — 1 free — 2.92 CNY/h, spot 1.17 CNY/h (simulated)" in page
     assert "No sessions yet" in page
 
 

@@ -1,0 +1,89 @@
+"""Money in Chromium: prices and the balance on the launch form, a session's cost rising on its card and on
+the billing page, the zero-balance warning arriving over the websocket, and staff adding credit."""
+
+from __future__ import annotations
+
+import re
+from datetime import timedelta
+
+import pytest
+from django.contrib.auth.models import User
+from playwright.sync_api import Page, expect
+
+from billing import credit, ledger, seeds
+from billing.models import Price
+from billing.prices import database_now
+from sessions.gpus.allocator import SliceRequest, holding_started
+from sessions.notebooks.models import NotebookImage, NotebookSession
+from tests.e2e.conftest import SCREENSHOTS, log_in
+from tests.factories import running_session
+
+pytestmark = pytest.mark.django_db(transaction=True)
+H200_3G = SliceRequest("mig", "3g.71gb")
+
+
+def running_for(owner: User, image: NotebookImage, name: str, seconds: float) -> NotebookSession:
+    """A running session whose container started ``seconds`` ago by the meter's (the database's) clock."""
+    session = running_session(owner, image, H200_3G, name)
+    started = database_now() - timedelta(seconds=seconds)
+    NotebookSession.objects.filter(pk=session.pk).update(container_started_at=started, ready_at=started)
+    holding_started(session.slice_id, started)  # type: ignore[arg-type]
+    return session
+
+
+@pytest.fixture
+def priced(notebook_image: NotebookImage) -> NotebookImage:
+    seeds.ensure(Price)  # a transactional test before this one flushed the migration's prices
+    return notebook_image
+
+
+def test_prices_balance_and_a_cost_that_rises_live(
+    portal_server: str, page: Page, alice: User, staff: User, priced: NotebookImage
+) -> None:
+    ledger.grant_credit(alice, "17.10", by=staff, reason="course")
+    running_for(alice, priced, "lab", seconds=57)  # its second minute begins in about 3 s
+    log_in(page, portal_server, "alice")
+    expect(page.locator("#card-billing").get_by_test_id("balance")).to_have_text("17.10 CNY")
+    page.goto(portal_server + "/sessions/")
+    prices = page.locator("table.offer-prices")
+    expect(prices.get_by_role("row", name=re.compile("MIG 3g.71gb"))).to_contain_text("8.99 CNY")
+    expect(page.get_by_test_id("launch-balance")).to_have_text("17.10 CNY")
+    expect(page.locator("#launch")).to_contain_text("Billing is per started minute")
+    card_cost = page.locator("article.session-card").get_by_test_id("cost")
+    expect(card_cost).to_have_attribute("data-minutes", "1")
+    expect(card_cost).to_have_attribute("data-minutes", "2", timeout=15_000)  # no reload: htmx at the minute
+    page.screenshot(path=str(SCREENSHOTS / "billing-launch-form-and-card-cost.png"), full_page=True)
+    page.goto(portal_server + "/billing/")
+    expect(page.get_by_test_id("balance")).to_have_text("17.10 CNY")
+    expect(page.get_by_test_id("burn")).to_have_text("8.99 CNY/h")
+    expect(page.get_by_test_id("time-left")).to_contain_text("1 h 54 min")
+    expect(page.get_by_role("heading", name="Invoices")).to_be_visible()
+    page.screenshot(path=str(SCREENSHOTS / "billing-account-page.png"), full_page=True)
+
+
+def test_the_zero_balance_warning_arrives_without_a_reload(
+    portal_server: str, page: Page, bob: User, priced: NotebookImage
+) -> None:
+    running_for(bob, priced, "broke", seconds=30)
+    log_in(page, portal_server, "bob")
+    expect(page.get_by_test_id("zero-balance")).to_have_count(0)
+    page.wait_for_timeout(1000)  # the notification socket is open
+    assert credit.check_balances()["warned"] == 1
+    expect(page.get_by_test_id("zero-balance")).to_contain_text("Your credit has run out", timeout=10_000)
+    page.screenshot(path=str(SCREENSHOTS / "billing-zero-balance-dashboard.png"), full_page=True)
+
+
+def test_staff_add_credit_and_bad_amounts_are_refused(portal_server: str, page: Page, alice: User, staff: User) -> None:
+    log_in(page, portal_server, "charlie")
+    page.get_by_role("link", name="Credit").click()
+    page.get_by_label("Person").fill("alice")
+    page.get_by_label("Amount").fill("-5")
+    page.get_by_label("Reason").fill("refund")
+    page.get_by_role("button", name="Add credit").click()
+    expect(page.locator(".has-error")).to_contain_text("Credit must be more than zero.")
+    page.screenshot(path=str(SCREENSHOTS / "billing-credit-refused.png"), full_page=True)
+    page.get_by_label("Amount").fill("40")
+    page.get_by_role("button", name="Add credit").click()
+    expect(page.get_by_role("status")).to_contain_text("Added 40.00 CNY to alice")
+    expect(page.get_by_test_id("credit-row").first).to_contain_text("refund")
+    page.screenshot(path=str(SCREENSHOTS / "billing-credit-page.png"), full_page=True)
