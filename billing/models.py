@@ -321,3 +321,93 @@ class CreditStop(models.Model):
 
     def __str__(self) -> str:
         return f"zero balance of user {self.user_id} from {self.warned_at}"
+
+
+class Issued(models.Model):
+    """An issued document: written once, never changed or deleted (PostgreSQL refuses too: migration 0007)."""
+
+    class Meta:
+        abstract = True
+
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        if self.pk is not None:
+            raise ValidationError("An issued invoice is never changed; a credit note reverses it.")
+        super().save(*args, **kwargs)
+
+    def delete(self, *args: Any, **kwargs: Any) -> tuple[int, dict[str, int]]:
+        raise ValidationError("An issued invoice is never deleted; a credit note reverses it.")
+
+
+class Invoice(Issued):
+    """One person's charges for one calendar month (UTC), from the minutes the meter charged (billing/invoices.py)."""
+
+    number = models.PositiveIntegerField(unique=True)
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="invoices")
+    month = models.DateField(help_text="The first day of the (UTC) month.")
+    issued_at = models.DateTimeField(default=timezone.now)
+    currency = models.CharField(max_length=8)
+    minutes = models.PositiveIntegerField()
+    total = models.DecimalField(max_digits=18, decimal_places=money.AMOUNT_PLACES)
+    opening_balance = models.DecimalField(max_digits=18, decimal_places=money.AMOUNT_PLACES)
+    credit_added = models.DecimalField(max_digits=18, decimal_places=money.AMOUNT_PLACES)
+    credit_applied = models.DecimalField(max_digits=18, decimal_places=money.AMOUNT_PLACES)
+    balance_due = models.DecimalField(max_digits=18, decimal_places=money.AMOUNT_PLACES)
+
+    class Meta:
+        ordering = ["-month", "-number"]
+        constraints = [models.UniqueConstraint(fields=["user", "month"], name="invoice_one_per_person_month")]
+
+    def __str__(self) -> str:
+        return f"invoice {self.label} of user {self.user_id} for {self.month:%Y-%m}"
+
+    @property
+    def label(self) -> str:
+        return f"INV-{self.number:06d}"
+
+
+class InvoiceLine(Issued):
+    """One usage's minutes that began in the invoice's month, at its frozen rate."""
+
+    invoice = models.ForeignKey(Invoice, on_delete=models.PROTECT, related_name="lines")
+    usage = models.ForeignKey(Usage, on_delete=models.PROTECT, related_name="invoice_lines")
+    holder_kind = models.CharField(max_length=16)
+    holder_id = models.PositiveBigIntegerField(null=True)
+    gpu_model = models.CharField(max_length=64)
+    kind = models.CharField(max_length=10, choices=Slice.Kind.choices)
+    profile = models.CharField(max_length=32, blank=True)
+    market = models.CharField(max_length=10, choices=Market.choices)
+    started = models.DateTimeField()
+    ended = models.DateTimeField(null=True, blank=True)
+    first_minute = models.PositiveIntegerField()
+    minutes = models.PositiveIntegerField()
+    per_minute = models.DecimalField(max_digits=14, decimal_places=money.AMOUNT_PLACES)
+    amount = models.DecimalField(max_digits=18, decimal_places=money.AMOUNT_PLACES)
+
+    class Meta:
+        ordering = ["invoice", "started", "id"]
+        constraints = [models.UniqueConstraint(fields=["invoice", "usage"], name="invoice_line_one_per_usage")]
+
+    def __str__(self) -> str:
+        return f"{self.minutes} minutes of usage {self.usage_id} on invoice {self.invoice_id}"
+
+
+class CreditNote(Issued):
+    """Reverses an issued invoice in full: its amount back to the wallet, with who and why."""
+
+    number = models.PositiveIntegerField(unique=True)
+    invoice = models.OneToOneField(Invoice, on_delete=models.PROTECT, related_name="credit_note")
+    amount = models.DecimalField(max_digits=18, decimal_places=money.AMOUNT_PLACES)
+    reason = models.CharField(max_length=300)
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+")
+    issued_at = models.DateTimeField(default=timezone.now)
+    transaction = models.OneToOneField(LedgerTransaction, on_delete=models.PROTECT, related_name="credit_note")
+
+    class Meta:
+        ordering = ["-number"]
+
+    def __str__(self) -> str:
+        return f"credit note {self.label} reversing {self.invoice}"
+
+    @property
+    def label(self) -> str:
+        return f"CN-{self.number:06d}"

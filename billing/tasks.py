@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from celery import shared_task
 
-from billing import credit, meter, rollup
+from billing import credit, invoices, meter, rollup
 from sessions.notebooks.services import CHARGE_HOLDING
 
 
@@ -52,3 +52,13 @@ def fold_minutes() -> dict[str, object]:
     """Hourly: the minute rows of usages that ended long enough ago become one row per day."""
     folded = rollup.roll_up()
     return {"usages": folded.usages, "minutes": folded.minutes, "days": folded.days, "amount": str(folded.amount)}
+
+
+@shared_task
+def issue_invoices() -> dict[str, object]:
+    """On the 1st (UTC): last month's invoices, after a tick charges any minute of it still due; a rerun
+    finds them issued and changes nothing."""
+    meter.tick()
+    month = invoices.last_month()
+    issued = invoices.issue_month(month)
+    return {"month": f"{month:%Y-%m}", "invoices": [invoice.number for invoice in issued]}

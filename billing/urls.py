@@ -1,6 +1,6 @@
 from django.urls import path
 
-from billing import grants, views, wallet
+from billing import grants, invoices, views, wallet
 
 urlpatterns = [
     path("", wallet.account, name="billing-account"),
@@ -11,4 +11,7 @@ urlpatterns = [
     path("credit/budgets/", grants.budget_page, name="billing-budgets"),
     path("finance/", views.finance, name="billing-finance"),
     path("prices/", views.price_list, name="billing-prices"),
+    path("invoices/<int:number>/", invoices.invoice_page, name="billing-invoice"),
+    path("invoices/<int:number>/csv/", invoices.invoice_csv, name="billing-invoice-csv"),
+    path("invoices/<int:number>/credit-note/", invoices.reverse_invoice, name="billing-invoice-reverse"),
 ]

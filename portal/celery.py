@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from celery import Celery
+from celery.schedules import crontab
 from celery.signals import worker_ready
 from django.apps import apps
 
@@ -51,6 +52,11 @@ app.conf.beat_schedule = {
     "billing-minute": {"task": "billing.tasks.charge_accrued", "schedule": 60.0, "options": {"expires": 55}},
     "billing-fold-minutes": {"task": "billing.tasks.fold_minutes", "schedule": 3600.0},
     "billing-credit": {"task": "billing.tasks.check_credit", "schedule": 30.0, "options": {"expires": 25}},
+    # Half an hour into the month, so the last minutes of the old one are charged first.
+    "billing-invoices": {
+        "task": "billing.tasks.issue_invoices",
+        "schedule": crontab(minute=30, hour=0, day_of_month=1),
+    },
 }
 
 
