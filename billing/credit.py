@@ -114,8 +114,9 @@ def _what(held: Slice) -> str:
 
 
 def wallet(owner: User) -> Wallet:
-    now = prices.database_now()
-    found = [running(held, now) for held in running_holdings(owner)]
+    holdings = list(running_holdings(owner))
+    now = prices.database_now() if holdings else None  # the clock is asked only when something runs
+    found = [running(held, now) for held in holdings]
     return Wallet(ledger.balance(owner), [r for r in found if r is not None])
 
 

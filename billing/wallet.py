@@ -180,10 +180,10 @@ def notices(request: PortalRequest) -> HttpResponse:
 
 def notices_context(user: User) -> dict[str, object]:
     stop = credit.open_stop(user)
-    balance = ledger.balance(user)
+    empty = stop is not None and ledger.balance(user) <= 0  # the balance is read only under a stop
     return {
-        "zero_balance": credit.zero_balance_text(stop.stop_at) if stop and balance <= 0 else "",
-        "stopped": bool(stop and stop.stopped_at and balance <= 0),
+        "zero_balance": credit.zero_balance_text(stop.stop_at) if stop and empty else "",
+        "stopped": bool(stop and stop.stopped_at and empty),
         "alerts": list(credit.alerts_for(user, credit.month_of(timezone.now()))),
     }
 
