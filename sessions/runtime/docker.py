@@ -208,8 +208,10 @@ class DockerRuntime:
         for container in self.client.containers.list(filters=ours(f"{LABEL_PREFIX}.device")):
             try:
                 stats = container.stats(stream=False, one_shot=True)
-            except (DockerException, NotFound):
-                continue  # it stopped between the list and the read
+            except (DockerException, NotFound, ValueError):
+                # It stopped between the list and the read, or the engine answered an empty body (a container
+                # starting or stopping): skip it this second rather than lose every container's reading.
+                continue
             used = float(stats.get("cpu_stats", {}).get("cpu_usage", {}).get("total_usage", 0)) / 1e9
             limit = float(container.attrs.get("HostConfig", {}).get("NanoCpus") or 0) / 1e9 or self.host_cpus()
             device = container.labels[f"{LABEL_PREFIX}.device"]
