@@ -17,7 +17,7 @@ from celery.schedules import crontab
 from django.contrib.auth.models import User
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.core.management import CommandError, call_command
-from django.db import DatabaseError, connection, transaction
+from django.db import DatabaseError, IntegrityError, connection, transaction
 from django.db.models import Sum
 from django.test import Client
 from django.urls import reverse
@@ -274,3 +274,33 @@ def test_the_command_issues_a_named_month_for_operators_catching_up(
         call_command("issue_invoices", month="November")
     with pytest.raises(CommandError, match="has not ended"):
         call_command("issue_invoices", month=f"{database_now():%Y-%m}")
+
+
+def test_the_database_holds_one_invoice_per_person_and_month(charged: tuple[datetime, datetime], alice: User) -> None:
+    invoice = invoices.issue(alice, charged[0].date())
+    assert invoice is not None
+    with pytest.raises(IntegrityError), transaction.atomic():
+        Invoice.objects.create(
+            number=invoice.number + 1, user=alice, month=invoice.month, currency="CNY", minutes=0, total=0,
+            opening_balance=0, credit_added=0, credit_applied=0, balance_due=0,
+        )  # fmt: skip
+
+
+def test_staff_reverse_an_invoice_from_its_page_with_a_reason(
+    charged: tuple[datetime, datetime], alice: User, staff: User
+) -> None:
+    invoice = invoices.issue(alice, charged[0].date())
+    assert invoice is not None
+    page, post = (
+        reverse("billing-invoice", args=[invoice.number]),
+        reverse("billing-invoice-reverse", args=[invoice.number]),
+    )
+    assert "Reverse this invoice in full" in client_of(staff).get(page).content.decode()
+    assert "Reverse this invoice in full" not in client_of(alice).get(page).content.decode()
+    refused = client_of(staff).post(post, {"reason": ""}, follow=True).content.decode()
+    assert "Say why the invoice is reversed." in refused and CreditNote.objects.count() == 0
+    done = client_of(staff).post(post, {"reason": "GPU faulty"}, follow=True).content.decode()
+    note = CreditNote.objects.get(invoice=invoice)
+    assert f"Reversed in full by credit note {note.label}" in done and "Reason: GPU faulty" in done
+    assert "Reverse this invoice in full" not in done and note.created_by == staff
+    assert f"reversed by {note.label}" in client_of(alice).get(reverse("billing-account")).content.decode()
