@@ -1,5 +1,6 @@
 """Billing in the Django admin: prices are added (never edited) through the same checks as the staff
-page; usages, minutes and the ledger are read-only records."""
+page; usages, minutes, daily roll-ups, the ledger, budgets and their alerts, invoices and credit notes
+are read-only records."""
 
 from __future__ import annotations
 
@@ -11,7 +12,21 @@ from django.core.exceptions import ValidationError
 from django.http import HttpRequest
 
 from billing import prices
-from billing.models import Account, ChargedMinute, Entry, LedgerTransaction, Price, Usage
+from billing.models import (
+    Account,
+    Budget,
+    BudgetAlert,
+    ChargedMinute,
+    CreditNote,
+    CreditStop,
+    Entry,
+    Invoice,
+    InvoiceLine,
+    LedgerTransaction,
+    Price,
+    Usage,
+    UsageDay,
+)
 
 
 class ReadOnly(admin.ModelAdmin):  # type: ignore[type-arg]
@@ -113,3 +128,43 @@ class LedgerTransactionAdmin(ReadOnly):
 @admin.register(Entry)
 class EntryAdmin(ReadOnly):
     list_display = ["transaction", "account", "amount"]
+
+
+@admin.register(UsageDay)
+class UsageDayAdmin(ReadOnly):
+    list_display = ["usage", "day", "first_minute", "minutes", "amount"]
+    date_hierarchy = "day"
+
+
+# Budgets are set, and alerts and zero-balance stops written, through billing/credit.py's checks (the
+# Credit page and the person's own); the admin shows them.
+@admin.register(Budget)
+class BudgetAdmin(ReadOnly):
+    list_display = ["__str__", "user", "group", "monthly", "set_by", "set_at"]
+
+
+@admin.register(BudgetAlert)
+class BudgetAlertAdmin(ReadOnly):
+    list_display = ["budget", "month", "threshold", "spent", "sent_at"]
+
+
+@admin.register(CreditStop)
+class CreditStopAdmin(ReadOnly):
+    list_display = ["user", "warned_at", "stop_at", "stopped_at", "cleared_at"]
+
+
+# Invoices are immutable once issued (billing/invoices.py); a correction is a credit note, made there.
+@admin.register(Invoice)
+class InvoiceAdmin(ReadOnly):
+    list_display = ["number", "user", "month", "minutes", "total", "credit_applied", "balance_due", "issued_at"]
+    list_filter = ["month"]
+
+
+@admin.register(InvoiceLine)
+class InvoiceLineAdmin(ReadOnly):
+    list_display = ["invoice", "usage", "gpu_model", "kind", "profile", "market", "minutes", "per_minute", "amount"]
+
+
+@admin.register(CreditNote)
+class CreditNoteAdmin(ReadOnly):
+    list_display = ["number", "invoice", "amount", "reason", "created_by", "issued_at"]

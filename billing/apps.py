@@ -9,6 +9,9 @@ class BillingConfig(AppConfig):
     def ready(self) -> None:
         # Sessions never import billing: billing tells the launch path what offers cost and who may not launch.
         from billing.launch import BillingPricing
+        from billing.metrics import BillingCollector
+        from sessions.metrics import prometheus
         from sessions.notebooks import pricing
 
         pricing.register(BillingPricing())
+        prometheus.add_collector(BillingCollector())

@@ -1,14 +1,13 @@
-"""Billing pages: the finance view for billing staff and the staff's price table (a person's own money:
-billing/wallet.py; staff's credit and budgets: billing/grants.py)."""
+"""Billing pages: the staff's price table (a person's own money: billing/wallet.py; staff's credit and
+budgets: billing/grants.py; the finance view: billing/finance.py)."""
 
 from __future__ import annotations
 
 from django.conf import settings
 from django.contrib import messages
-from django.contrib.auth.decorators import permission_required
 from django.contrib.auth.models import User
 from django.core.exceptions import ValidationError
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpResponse
 from django.shortcuts import redirect, render
 
 from billing import prices
@@ -18,11 +17,6 @@ from portal.access import staff_required
 from portal.http import PortalRequest
 
 PRICES = "billing/prices.html"
-
-
-@permission_required("billing.view_finance", raise_exception=True)
-def finance(request: HttpRequest) -> HttpResponse:
-    return render(request, "billing/finance.html")
 
 
 @staff_required

@@ -4,7 +4,8 @@ GPU figures come from the latest fleet frame each agent leaves in Redis, so a
 scrape never touches a GPU and dashboards built for dcgm-exporter work as they
 are. A figure the device does not report (null in the frame) gets no sample at
 all: dcgm-exporter writes 0 for MIG utilisation, which reads as an idle slice.
-Portal figures (sessions, spawn times, slices) come from the database.
+Portal figures (sessions, spawn times, slices) come from the database; other apps add theirs with
+``add_collector`` (billing's counters: sessions never import billing).
 
 A fresh registry is built per request: nothing is kept between scrapes, and
 several portal processes answer alike.
@@ -49,6 +50,13 @@ GPU_FIGURES = {
 }
 
 Frame = dict[str, Any]
+_added: list[Any] = []  # collectors other apps registered at start-up (AppConfig.ready)
+
+
+def add_collector(collector: Any) -> None:
+    """Include ``collector`` (an object with ``collect()``) in every scrape; adding it twice is harmless."""
+    if all(type(known) is not type(collector) for known in _added):
+        _added.append(collector)
 
 
 def read_frames() -> dict[str, Frame]:
@@ -191,4 +199,6 @@ def metrics_view(request: HttpRequest) -> HttpResponse:
         return response
     registry = CollectorRegistry(auto_describe=False)
     registry.register(PortalCollector())
+    for collector in _added:
+        registry.register(collector)
     return HttpResponse(generate_latest(registry), content_type=CONTENT_TYPE_LATEST)
