@@ -36,6 +36,7 @@ from portal.roles import is_operator
 
 MINUTE = timedelta(minutes=1)
 NUMBER_LOCK = 0x696E_766F_6963_6573  # "invoices": numbers are handed out one at a time
+ISSUE_ATTEMPTS = 3
 CREDIT_KINDS = [LedgerTransaction.Kind.GRANT, LedgerTransaction.Kind.TOP_UP]
 CREDIT_APPLIED = (
     "Credit applied is the part of this month's charges that prepaid credit covered: the wallet's balance at "
@@ -160,31 +161,39 @@ def issue(user: User, month: date) -> Invoice | None:
     nothing was charged for the month."""
     month = month.replace(day=1)
     since, until = _ended(month)
-    try:
-        with transaction.atomic():
-            number = _next_number(Invoice)
-            existing = Invoice.objects.filter(user=user, month=month).first()
-            if existing is not None:
-                return existing
-            lines = _lines(user, since, until)
-            if not lines:
-                return None
-            total = sum((line.amount for line in lines), Decimal(0))
-            invoice = Invoice.objects.create(
-                number=number,
-                user=user,
-                month=month,
-                currency=settings.CURRENCY,
-                minutes=sum(line.minutes for line in lines),
-                total=total,
-                **_credit(user, since, until, total),
-            )
-            for line in lines:
-                line.invoice = invoice
-            InvoiceLine.objects.bulk_create(lines)
-            return invoice
-    except IntegrityError:  # another process issued it (SQLite, where no lock is taken) first
-        return Invoice.objects.get(user=user, month=month)
+    for _attempt in range(ISSUE_ATTEMPTS):
+        try:
+            with transaction.atomic():
+                return _issue_once(user, month, since, until)
+        except IntegrityError:  # SQLite, which takes no lock: another process took this number or this month
+            found = Invoice.objects.filter(user=user, month=month).first()
+            if found is not None:
+                return found
+    raise IntegrityError(f"no invoice number free for user {user.pk} in {ISSUE_ATTEMPTS} attempts")
+
+
+def _issue_once(user: User, month: date, since: datetime, until: datetime) -> Invoice | None:
+    number = _next_number(Invoice)
+    existing = Invoice.objects.filter(user=user, month=month).first()
+    if existing is not None:
+        return existing
+    lines = _lines(user, since, until)
+    if not lines:
+        return None
+    total = sum((line.amount for line in lines), Decimal(0))
+    invoice = Invoice.objects.create(
+        number=number,
+        user=user,
+        month=month,
+        currency=settings.CURRENCY,
+        minutes=sum(line.minutes for line in lines),
+        total=total,
+        **_credit(user, since, until, total),
+    )
+    for line in lines:
+        line.invoice = invoice
+    InvoiceLine.objects.bulk_create(lines)
+    return invoice
 
 
 def issue_month(month: date) -> list[Invoice]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import csv
 import io
+import threading
 from datetime import datetime, timedelta
 from decimal import Decimal
 
@@ -304,3 +305,32 @@ def test_staff_reverse_an_invoice_from_its_page_with_a_reason(
     assert f"Reversed in full by credit note {note.label}" in done and "Reason: GPU faulty" in done
     assert "Reverse this invoice in full" not in done and note.created_by == staff
     assert f"reversed by {note.label}" in client_of(alice).get(reverse("billing-account")).content.decode()
+
+
+@postgresql_only
+@pytest.mark.django_db(transaction=True)
+def test_two_issuers_at_once_make_one_invoice_per_person_with_numbers_in_sequence(
+    hold: Hold, alice: User, bob: User
+) -> None:
+    last, _ = months()
+    for owner in (alice, bob):
+        held_at(hold, owner, last + timedelta(days=2), timedelta(minutes=3))
+    meter.tick()
+    start = threading.Barrier(4)
+    issued: list[list[int]] = []
+
+    def issuer() -> None:
+        try:
+            start.wait(10)
+            issued.append([invoice.number for invoice in invoices.issue_month(last.date())])
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=issuer) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(issued) == 4 and all(numbers == issued[0] for numbers in issued)
+    assert sorted(Invoice.objects.values_list("number", flat=True)) == [1, 2]
+    assert sorted(Invoice.objects.values_list("user_id", flat=True)) == sorted([alice.pk, bob.pk])
