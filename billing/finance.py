@@ -21,7 +21,7 @@ from django.shortcuts import get_object_or_404, render
 from django.urls import reverse
 
 from billing import money, reports
-from billing.models import ChargedMinute, Entry, LedgerTransaction, Usage
+from billing.models import ChargedMinute, Entry, LedgerTransaction, Market, Usage
 from billing.prices import database_now
 from billing.reports import Scope
 from sessions.metrics.models import GpuMinute
@@ -135,6 +135,7 @@ def overview(request: HttpRequest) -> HttpResponseBase:
     form, scope = _scope_or_400(request)
     if scope is None:
         return render(request, "billing/finance.html", {"form": form, "tables": []}, status=400)
+    form = RangeForm({**request.GET.dict(), "start": scope.first, "end": scope.last})  # show the range used
     per_day = reports.revenue_per_day(scope)
     tables = overview_tables(scope, per_day)
     chart = {
@@ -170,8 +171,6 @@ def overview_tables(scope: Scope, per_day: list[dict[str, Any]]) -> list[Table]:
     idle = reports.idle_spend(scope)
     negative = reports.negative_balances()
     return [
-        Table("per_day", "Revenue per day", ["Day", "Minutes", "Amount"], rows(per_day, ["day", *figures]), {2},
-              [_drill(scope, start=r["day"], end=r["day"]) for r in per_day]),
         Table("users", "By person", ["Person", "Minutes", "Amount"], rows(users, ["username", *figures]), {2},
               [_drill(scope, user=r["user"]) for r in users]),
         Table("top_users", f"Top {TOP_USERS} people", ["Person", "Minutes", "Amount"],
@@ -185,7 +184,8 @@ def overview_tables(scope: Scope, per_day: list[dict[str, Any]]) -> list[Table]:
         Table("profiles", "By profile", ["GPU model", "Kind", "Profile", "Minutes", "Amount"],
               rows(profiles, ["model", "kind", "profile", *figures]), {4},
               [_drill(scope, model=r["model"], kind=r["kind"], profile=r["profile"]) for r in profiles]),
-        Table("markets", "On-demand and spot", ["Market", "Minutes", "Amount"], rows(markets, ["market", *figures]),
+        Table("markets", "On-demand and spot", ["Market", "Minutes", "Amount"],
+              [[Market(r["market"]).label, r["minutes"], r["amount"]] for r in markets],
               {2}, [_drill(scope, market=r["market"]) for r in markets]),
         Table("fleet", "Fleet utilisation: GPU-hours billed against the fleet's",
               ["GPU model", "GPUs", "GPU-hours billed", "GPU-hours available", "Utilisation %"],
@@ -195,6 +195,8 @@ def overview_tables(scope: Scope, per_day: list[dict[str, Any]]) -> list[Table]:
               rows(idle, ["username", *figures]), {2}, [_drill(scope, user=r["user"]) for r in idle]),
         Table("negative", "Negative balances (now)", ["Person", "Balance"],
               rows(negative, ["username", "balance"]), {1}, [_drill(scope, user=r["user"]) for r in negative]),
+        Table("per_day", "Revenue per day", ["Day", "Minutes", "Amount"], rows(per_day, ["day", *figures]), {2},
+              [_drill(scope, start=r["day"], end=r["day"]) for r in per_day]),
     ]  # fmt: skip
 
 
@@ -269,7 +271,7 @@ def usage_tables(usage: Usage) -> list[Table]:
         idle = None if seen is None else ("idle" if seen < threshold else "busy")
         rows.append([charged.minute, began, seen, idle, charged.transaction_id, usage.per_minute])
     minutes = Table("minutes", "Charged minutes", ["Minute", "Began", "GPU util max %", "Idle", "Transaction",
-                                                   "Amount"], rows, {5})  # fmt: skip
+                                                   "Amount"], rows)  # fmt: skip
     days = Table(
         "days",
         "Folded days (minute rows rolled up)",

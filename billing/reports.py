@@ -144,9 +144,14 @@ def billed(scope: Scope, keys: Sequence[str] = ()) -> list[dict[str, Any]]:
             per[()][0] += rows["minutes"] or 0
             per[()][1] += rows["amount"] or Decimal(0)
     return [
-        {**dict(zip(keys, key, strict=True)), "minutes": int(minutes), "amount": Decimal(amount)}
+        {**dict(zip(keys, key, strict=True)), "minutes": int(minutes), "amount": _exact(amount)}
         for key, (minutes, amount) in per.items()
     ]
+
+
+def _exact(amount: Decimal) -> Decimal:
+    """A sum of six-decimal amounts, written with six (PostgreSQL's sum of products carries more)."""
+    return Decimal(amount).quantize(money.AMOUNT_QUANTUM)
 
 
 def total(scope: Scope) -> dict[str, Any]:
@@ -202,7 +207,7 @@ def idle_spend(scope: Scope, keys: Sequence[str] = ("user", "username")) -> list
 
 
 def _figures(row: dict[str, Any]) -> dict[str, Any]:
-    return {"minutes": row["idle_minutes"], "amount": Decimal(row["idle_amount"]).quantize(money.AMOUNT_QUANTUM)}
+    return {"minutes": row["idle_minutes"], "amount": _exact(row["idle_amount"])}
 
 
 def idle_total(scope: Scope) -> dict[str, Any]:

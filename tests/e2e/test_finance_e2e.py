@@ -1,0 +1,57 @@
+"""The finance view in Chromium: staff with the finance permission see the revenue chart, drill down from
+a day to a usage's minutes, and download a table as CSV."""
+
+from __future__ import annotations
+
+import csv
+import io
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from django.contrib.auth.models import User
+from playwright.sync_api import Page, expect
+
+from billing import meter
+from billing.models import Usage
+from billing.prices import database_now
+from tests.billing.conftest import Hold, fleet, hold  # noqa: F401 (fixtures)
+from tests.e2e.conftest import SCREENSHOTS, log_in
+
+pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
+
+
+def test_finance_staff_see_the_chart_drill_down_to_minutes_and_download_a_csv(
+    portal_server: str,
+    page: Page,
+    hold: Hold,  # noqa: F811
+    alice: User,
+    billing_user: User,
+) -> None:
+    held = hold(alice, timedelta(minutes=5, seconds=30))
+    assert meter.tick().minutes == 6
+    usage = Usage.objects.get(slice=held)
+    today = database_now().date()
+    log_in(page, portal_server, "dora")
+    page.get_by_role("link", name="Finance").click()
+    expect(page.get_by_role("heading", level=1)).to_have_text("Finance")
+    expect(page.locator("#revenue-chart canvas")).to_have_count(1)
+    expect(page.get_by_test_id("revenue")).to_contain_text(f"{usage.per_minute * 6:.2f}")
+    page.screenshot(path=str(SCREENSHOTS / "finance-overview.png"), full_page=True)
+
+    day_row = page.locator('[data-table="per_day"] tr', has_text=str(today))
+    day_row.get_by_role("link", name="Details").click()
+    expect(page.get_by_role("heading", level=1)).to_have_text("Usages behind the figure")
+    expect(page.get_by_test_id("drill-total")).to_contain_text("6 minutes")
+    page.locator('[data-table="usages"] tr', has_text="alice").get_by_role("link", name="Details").click()
+    expect(page.get_by_role("heading", level=1)).to_have_text(f"Usage {usage.pk}")
+    expect(page.locator('[data-table="minutes"] tbody tr')).to_have_count(6)
+    expect(page.get_by_test_id("usage-charged")).to_contain_text("6 minutes")
+    page.screenshot(path=str(SCREENSHOTS / "finance-usage-minutes.png"), full_page=True)
+
+    page.goto(portal_server + "/billing/finance/")
+    with page.expect_download() as download:
+        page.get_by_test_id("csv-users").click()
+    assert download.value.suggested_filename.endswith("-users.csv")
+    rows = list(csv.reader(io.StringIO(Path(download.value.path()).read_text(encoding="utf-8"))))
+    assert rows == [["Person", "Minutes", "Amount"], ["alice", "6", str(usage.per_minute * 6)]]
