@@ -31,7 +31,9 @@ from portal.celery import app
 from tests.billing.conftest import H200_3G, Hold, ledger_total, unbalanced_transactions
 
 pytestmark = pytest.mark.django_db
-postgresql_only = pytest.mark.skipif("connection.vendor != 'postgresql'", reason="PostgreSQL's triggers")
+postgresql_only = pytest.mark.skipif(
+    "connection.vendor != 'postgresql'", reason="PostgreSQL only (its triggers, its advisory lock)"
+)
 A100_MINUTE = Decimal("0.141667")
 
 
@@ -334,3 +336,14 @@ def test_two_issuers_at_once_make_one_invoice_per_person_with_numbers_in_sequenc
     assert len(issued) == 4 and all(numbers == issued[0] for numbers in issued)
     assert sorted(Invoice.objects.values_list("number", flat=True)) == [1, 2]
     assert sorted(Invoice.objects.values_list("user_id", flat=True)) == sorted([alice.pk, bob.pk])
+
+
+@pytest.mark.celery
+@pytest.mark.django_db(transaction=True)
+def test_a_worker_process_issues_last_months_invoices(celery_worker: str, hold: Hold, alice: User) -> None:
+    last, _ = months()
+    held_at(hold, alice, last + timedelta(days=5), timedelta(minutes=4, seconds=1))  # 5 started minutes
+    result = issue_invoices.delay().get(timeout=60)
+    invoice = Invoice.objects.get(user=alice)
+    assert result == {"month": f"{last:%Y-%m}", "invoices": [invoice.number]}
+    assert invoice.minutes == 5 and invoice.total == usage_charges(alice)
