@@ -311,6 +311,9 @@ def write_csv(invoice: Invoice, out: HttpResponse) -> None:
         ("balance due", invoice.balance_due),
     ]:
         writer.writerow([label, value])
+    note = CreditNote.objects.filter(invoice=invoice).first()
+    if note is not None:
+        writer.writerow(["reversed by credit note", note.label, note.issued_at.isoformat(), -note.amount, note.reason])
 
 
 @staff_required

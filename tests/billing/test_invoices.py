@@ -12,6 +12,7 @@ import io
 import threading
 from datetime import datetime, timedelta
 from decimal import Decimal
+from typing import Any
 
 import pytest
 from celery.schedules import crontab
@@ -246,6 +247,41 @@ def test_the_csv_has_every_line_with_exact_amounts_and_the_totals(
         [mig.gpu_model, "mig", "3g.71gb", "on_demand", "0", "8", str(mig.per_minute), str(mig.amount)],
     ]
     assert dict(row for row in rows[4:] if len(row) == 2)["total"] == str(invoice.total)
+    assert rows[-1][0] == "balance due"
+
+
+def test_the_csv_of_a_reversed_invoice_ends_with_its_credit_note(
+    charged: tuple[datetime, datetime], alice: User, staff: User
+) -> None:
+    invoice = invoices.issue(alice, charged[0].date())
+    assert invoice is not None
+    note = invoices.credit_note(invoice, by=staff, reason="GPU faulty")
+    rows = list(
+        csv.reader(
+            io.StringIO(client_of(alice).get(reverse("billing-invoice-csv", args=[invoice.number])).content.decode())
+        )
+    )
+    assert rows[-1] == [
+        "reversed by credit note",
+        note.label,
+        note.issued_at.isoformat(),
+        str(-note.amount),
+        "GPU faulty",
+    ]
+
+
+def test_the_invoice_page_reads_a_fixed_number_of_queries_however_many_lines(
+    hold: Hold, alice: User, django_assert_max_num_queries: Any
+) -> None:
+    last, _ = months()
+    for day in range(1, 7):
+        held_at(hold, alice, last + timedelta(days=day), timedelta(minutes=2))
+    meter.tick()
+    invoice = invoices.issue(alice, last.date())
+    assert invoice is not None and invoice.lines.count() == 6
+    client = client_of(alice)
+    with django_assert_max_num_queries(8):
+        assert client.get(reverse("billing-invoice", args=[invoice.number])).status_code == 200
 
 
 def test_the_task_issues_last_months_invoices_and_a_rerun_changes_nothing(
