@@ -14,8 +14,10 @@ import pytest
 from django.apps import apps
 from django.contrib import admin
 from django.contrib.auth.models import User
+from django.db import connection
 from django.db.models import Sum
 from django.test import Client
+from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -324,3 +326,27 @@ def test_every_billing_model_is_in_the_admin_and_the_ledger_is_read_only_there(b
     change = client.post(reverse("admin:billing_entry_change", args=[entry.pk]), {"amount": "1"})
     assert change.status_code == 403
     assert Entry.objects.get(pk=entry.pk).amount == entry.amount
+
+
+@pytest.mark.django_db
+def test_the_finance_pages_queries_do_not_grow_with_the_number_of_usages(
+    hold: Hold, alice: User, bob: User, billing_user: User
+) -> None:
+    client = finance_client(billing_user)
+
+    def queries() -> tuple[int, int]:
+        with CaptureQueriesContext(connection) as overview:
+            assert client.get(reverse("billing-finance")).status_code == 200
+        with CaptureQueriesContext(connection) as drill:
+            assert client.get(reverse("billing-finance-usages")).status_code == 200
+        return len(overview.captured_queries), len(drill.captured_queries)
+
+    hold(alice, timedelta(minutes=3))
+    meter.tick()
+    few = queries()
+    for owner in (alice, bob, alice, bob, alice, bob):
+        hold(owner, timedelta(minutes=2))
+    hold(bob, timedelta(minutes=1), A30_SHARE)
+    clock_moves_on(1)
+    meter.tick()
+    assert queries() == few
