@@ -41,7 +41,6 @@ from sessions.gpus.models import Gpu, Slice
 from sessions.metrics.models import GpuMinute
 
 DAY = timedelta(days=1)
-FAR_FUTURE = datetime(9999, 1, 1, tzinfo=UTC)
 AMOUNT: Any = DecimalField(max_digits=18, decimal_places=6)
 # What a report groups by, as a path from a usage.
 KEYS = {
@@ -69,6 +68,20 @@ class MinuteDay(Func):
     def as_sqlite(self, compiler: Any, connection: Any, **extra: Any) -> Any:
         return super().as_sql(
             compiler, connection, template="date(%(expressions)s || ' minutes')", arg_joiner=", '+' || ", **extra
+        )
+
+
+class MinuteStart(Func):
+    """When minute ``minute`` of a usage began: ``started + minute minutes`` (on SQLite to the second,
+    which is all a comparison with a history minute needs)."""
+
+    output_field = DateTimeField()
+    template = "(%(expressions)s * interval '1 minute')"  # PostgreSQL
+    arg_joiner = " + "
+
+    def as_sqlite(self, compiler: Any, connection: Any, **extra: Any) -> Any:
+        return super().as_sql(
+            compiler, connection, template="datetime(%(expressions)s || ' minutes')", arg_joiner=", '+' || ", **extra
         )
 
 
@@ -174,29 +187,30 @@ def revenue_per_day(scope: Scope) -> list[dict[str, Any]]:
 
 
 def idle_minutes(threshold: float) -> QuerySet[GpuMinute]:
-    """For the usage outside (annotated with ``started_minute``): its history's minutes, from the minute
-    its start fell in until its end, in which its device's utilisation stayed under ``threshold`` all
-    minute (the minute's max under it; a minute that reported nothing is not idle)."""
+    """For the usage outside (annotated with ``started_minute`` and ``last_began``): the history minutes
+    its charged minutes began in (charged minute k: the one ``started + k`` falls in), in which its
+    device's utilisation stayed under ``threshold`` all minute (the minute's max under it; a minute that
+    reported nothing is not idle). The usage's page marks the same minutes idle, one by one."""
     holder = Concat(OuterRef("holder_kind"), Value(":"), Cast(OuterRef("holder_id"), CharField()))
     return GpuMinute.objects.filter(
         device_uuid=OuterRef("slice__device_uuid"),
         holder=holder,
         util_max__lt=threshold,
         minute__gte=OuterRef("started_minute"),
-        minute__lt=Coalesce(OuterRef("ended"), Value(FAR_FUTURE, output_field=DateTimeField())),
+        minute__lte=OuterRef("last_began"),
     )
 
 
 def idle_spend(scope: Scope, keys: Sequence[str] = ("user", "username")) -> list[dict[str, Any]]:
-    """Money billed for idle minutes in the scope, per ``keys``: a usage's quiet history minutes within the
-    scope's days, at most its billed minutes, each at its frozen per-minute rate."""
+    """Money billed for idle minutes in the scope, per ``keys``: a usage's charged minutes whose history
+    minute (within the scope's days) was quiet, each at its frozen per-minute rate."""
     quiet = idle_minutes(float(settings.IDLE_GPU_UTIL_PERCENT)).filter(minute__gte=scope.since, minute__lt=scope.until)
     count = quiet.order_by().values("device_uuid").annotate(n=Count("pk")).values("n")
     idle = Least(Coalesce(Subquery(count), 0), F("billed_minutes"), output_field=IntegerField())
     paths = [KEYS[key] for key in keys]
     rows = (
         Usage.objects.filter(scope.usages())
-        .annotate(started_minute=TruncMinute("started"))
+        .annotate(started_minute=TruncMinute("started"), last_began=MinuteStart(F("started"), F("billed_minutes") - 1))
         .annotate(idle=idle)
         .filter(idle__gt=0)
         .values(*paths)

@@ -79,7 +79,8 @@ def books(hold: Hold, alice: User, bob: User, staff: User) -> Books:
     old = Usage.objects.select_related("slice__gpu").get(slice=held)
     for minute, util in enumerate([1.0, 2.0, 0.0, 4.9, 80.0, 50.0, None, 30.0]):
         history(old, minute, util)
-    history(old, 12, 0.0)  # after its end: not billed, never idle spend
+    history(old, 11, 0.0)  # after its last charged minute began (minute 10): never idle spend
+    history(old, 12, 0.0)
     history(old, 1, 0.0, holder="notebook:999999")  # someone else on the device
     today = database_now().date()
     return Books(
@@ -163,7 +164,7 @@ def test_a_range_that_misses_the_usages_has_nothing(books: Books) -> None:
 @pytest.mark.django_db
 def test_idle_spend_counts_billed_minutes_under_the_threshold_only(books: Books, settings) -> None:  # type: ignore[no-untyped-def]
     settings.IDLE_GPU_UTIL_PERCENT = 5
-    # Minutes 0-3 stayed under 5 %; 4, 5 and 7 were busy; 6 reported nothing; 12 came after the end;
+    # Minutes 0-3 stayed under 5 %; 4, 5 and 7 were busy; 6 reported nothing; 11 and 12 came after the last;
     # the other holder's quiet minute is not this usage's.
     assert reports.idle_spend(books.scope) == [
         {"user": books.old.owner_id, "username": "alice", "minutes": 4, "amount": amount(books.old, 4)}
@@ -256,9 +257,15 @@ def test_drilling_down_a_person_lists_their_usages_and_the_ledger_entries(books:
 @pytest.mark.django_db
 def test_a_usage_page_shows_each_charged_minute_and_its_gpu_history(books: Books, billing_user: User) -> None:
     client = finance_client(billing_user)
+    for minute, util in enumerate([1.0, 90.0, None, 2.0]):
+        history(books.spot, minute, util)
     spot = client.get(reverse("billing-finance-usage", args=[books.spot.pk]))
     minutes = spot.context["tables"][0]
     assert [row[0] for row in minutes.rows] == [0, 1, 2, 3]
+    assert [row[3] for row in minutes.rows] == ["idle", "busy", None, "idle"]
+    # The same minutes as the report's idle spend.
+    by_usage = {row["usage"]: row["minutes"] for row in reports.idle_spend(books.scope, ["usage"])}
+    assert by_usage[books.spot.pk] == 2
     assert all(row[5] == books.spot.per_minute for row in minutes.rows)
     rows = csv_rows(
         client.get(reverse("billing-finance-usage", args=[books.spot.pk]), {"format": "csv", "table": "minutes"})
