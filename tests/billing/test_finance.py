@@ -29,6 +29,7 @@ from sessions.gpus.allocator import SliceRequest
 from sessions.gpus.models import Gpu, Slice
 from sessions.metrics.models import GpuMinute
 from tests.billing.conftest import A30_SHARE, Hold, clock_moves_on, end_holding
+from tests.factories import make_user
 
 H200_3G_SPOT = SliceRequest(kind="mig", profile="3g.71gb", model="H200", market="spot")
 TOKEN = "finance-test-token"
@@ -357,3 +358,23 @@ def test_the_finance_pages_queries_do_not_grow_with_the_number_of_usages(
     clock_moves_on(1)
     meter.tick()
     assert queries() == few
+
+
+@pytest.mark.django_db
+def test_groups_count_a_person_in_each_and_drill_down_to_people_in_none(
+    books: Books, billing_user: User, hold: Hold
+) -> None:
+    erin = make_user("erin", [])
+    hold(erin, timedelta(seconds=30))
+    meter.tick()
+    groups = {row["group"]: row["minutes"] for row in reports.by(books.scope, ["group"])}
+    assert groups == {"users": 18, None: 1}
+    client = finance_client(billing_user)
+    page = client.get(reverse("billing-finance"), {"start": str(books.first), "end": str(books.last)})
+    group_rows = next(table for table in page.context["tables"] if table.name == "groups")
+    link = dict(zip([row[0] for row in group_rows.rows], group_rows.links, strict=True))["(none)"]
+    assert link is not None
+    drill = client.get(link)
+    assert [row[1] for row in drill.context["tables"][0].rows] == ["erin"]
+    users = client.get(reverse("billing-finance-usages"), {"start": str(books.first), "group": "users"})
+    assert {row[1] for row in users.context["tables"][0].rows} == {"alice", "bob"}
