@@ -1,5 +1,5 @@
 """The finance view in Chromium: staff with the finance permission see the revenue chart, drill down from
-a day to a usage's minutes, and download a table as CSV."""
+a day (on the chart and in its table) to a usage's minutes, and download a table as CSV."""
 
 from __future__ import annotations
 
@@ -39,6 +39,15 @@ def test_finance_staff_see_the_chart_drill_down_to_minutes_and_download_a_csv(
     expect(page.get_by_test_id("revenue")).to_contain_text(f"{usage.per_minute * 6:.2f}")
     page.screenshot(path=str(SCREENSHOTS / "finance-overview.png"), full_page=True)
 
+    # A click on the chart's last day (today, at its right edge) opens that day's usages.
+    over = page.locator("#revenue-chart .u-over")
+    box = over.bounding_box()
+    assert box is not None
+    over.hover(position={"x": box["width"] - 2, "y": box["height"] / 2})
+    over.click(position={"x": box["width"] - 2, "y": box["height"] / 2})
+    expect(page.get_by_role("heading", level=1)).to_have_text("Usages behind the figure")
+    assert f"start={today}&end={today}" in page.url
+    page.go_back()
     day_row = page.locator('[data-table="per_day"] tr', has_text=str(today))
     day_row.get_by_role("link", name="Details").click()
     expect(page.get_by_role("heading", level=1)).to_have_text("Usages behind the figure")
