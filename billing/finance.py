@@ -224,6 +224,7 @@ def usages(request: HttpRequest) -> HttpResponseBase:
     transactions = LedgerTransaction.objects.filter(pk__in=reports.minute_rows(scope).values("transaction_id"))
     tables = [table, entries_table(transactions)]
     context = {"form": form, "scope": scope, "total": reports.total(scope), "csv_name": "finance-usages"}
+    context["currency"] = settings.CURRENCY
     context["listed"] = LISTED
     return _respond(request, "billing/finance_usages.html", tables, context)
 
