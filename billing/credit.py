@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
-from decimal import Decimal, InvalidOperation
+from decimal import Decimal
 
 from django.conf import settings
 from django.contrib.auth.models import Group, User
@@ -188,19 +188,14 @@ def spent(budget: Budget, month: date) -> Decimal:
 
 def parse_budget(value: object) -> Decimal:
     """A monthly budget from a form: a number above zero, at most two decimals, not absurd."""
-    try:
-        amount = value if isinstance(value, Decimal) else Decimal(str(value).strip())
-    except InvalidOperation:
-        raise ValidationError("A budget is a number, e.g. 500 or 99.50.", code="not_a_number") from None
-    if not amount.is_finite():
-        raise ValidationError("A budget is a number, e.g. 500 or 99.50.", code="not_a_number")
-    if amount <= 0:
-        raise ValidationError("A budget is more than zero; remove it to have none.", code="not_positive")
-    if money.decimals(amount) > money.SHOWN_PLACES:
-        raise ValidationError(f"A budget has at most {money.SHOWN_PLACES} decimals.", code="too_many_decimals")
-    if amount > MAX_BUDGET:
-        raise ValidationError(f"More than {MAX_BUDGET:,} a month: check the figure.", code="absurd")
-    return amount
+    return money.parse_amount(
+        value,
+        what="A budget",
+        example="500 or 99.50",
+        not_positive="A budget is more than zero; remove it to have none.",
+        most=MAX_BUDGET,
+        per="a month",
+    )
 
 
 def set_budget(monthly: object, by: User, user: User | None = None, group: Group | None = None) -> Budget:

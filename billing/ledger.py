@@ -8,7 +8,7 @@ an account's entries, nothing cached. Money is Decimal, exact at six decimals (b
 from __future__ import annotations
 
 from collections.abc import Sequence
-from decimal import Decimal, InvalidOperation
+from decimal import Decimal
 
 from django.contrib.auth.models import User
 from django.core.exceptions import PermissionDenied, ValidationError
@@ -80,19 +80,14 @@ def reverse(original: LedgerTransaction, by: User, reason: str) -> LedgerTransac
 
 def parse_credit(value: object) -> Decimal:
     """A credit amount from a form or a caller: positive, at most two decimals, not absurd."""
-    try:
-        amount = value if isinstance(value, Decimal) else Decimal(str(value).strip())
-    except InvalidOperation:
-        raise ValidationError("An amount is a number, e.g. 100 or 25.50.", code="not_a_number") from None
-    if not amount.is_finite():
-        raise ValidationError("An amount is a number, e.g. 100 or 25.50.", code="not_a_number")
-    if amount <= 0:
-        raise ValidationError("Credit must be more than zero.", code="not_positive")
-    if money.decimals(amount) > money.SHOWN_PLACES:
-        raise ValidationError(f"Credit has at most {money.SHOWN_PLACES} decimals.", code="too_many_decimals")
-    if amount > MAX_CREDIT:
-        raise ValidationError(f"More than {MAX_CREDIT:,} at once: check the figure.", code="absurd")
-    return amount
+    return money.parse_amount(
+        value,
+        what="Credit",
+        example="100 or 25.50",
+        not_positive="Credit must be more than zero.",
+        most=MAX_CREDIT,
+        per="at once",
+    )
 
 
 def grant_credit(

@@ -11,9 +11,10 @@ two decimals in the currency of PORTAL_CURRENCY.
 
 from __future__ import annotations
 
-from decimal import ROUND_HALF_UP, Decimal
+from decimal import ROUND_HALF_UP, Decimal, InvalidOperation
 
 from django.conf import settings
+from django.core.exceptions import ValidationError
 
 RATE_PLACES = 4  # an hourly price: at most this many decimals
 AMOUNT_PLACES = 6  # a per-minute amount, and so every ledger amount
@@ -40,3 +41,23 @@ def decimals(amount: Decimal) -> int:
 def shown(amount: Decimal) -> str:
     """An amount as people read it: ``8.50 CNY``."""
     return f"{amount.quantize(SHOWN_QUANTUM, rounding=ROUND_HALF_UP):,} {settings.CURRENCY}"
+
+
+def parse_amount(value: object, *, what: str, example: str, not_positive: str, most: Decimal, per: str) -> Decimal:
+    """An amount someone typed (credit, a budget): a number above zero, at most two decimals, not absurd.
+
+    ``what`` names it in the errors ("A budget"), ``example`` shows one, ``per`` says what ``most`` is per.
+    """
+    try:
+        amount = value if isinstance(value, Decimal) else Decimal(str(value).strip())
+    except InvalidOperation:
+        raise ValidationError(f"{what} is a number, e.g. {example}.", code="not_a_number") from None
+    if not amount.is_finite():
+        raise ValidationError(f"{what} is a number, e.g. {example}.", code="not_a_number")
+    if amount <= 0:
+        raise ValidationError(not_positive, code="not_positive")
+    if decimals(amount) > SHOWN_PLACES:
+        raise ValidationError(f"{what} has at most {SHOWN_PLACES} decimals.", code="too_many_decimals")
+    if amount > most:
+        raise ValidationError(f"More than {most:,} {per}: check the figure.", code="absurd")
+    return amount
