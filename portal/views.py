@@ -39,8 +39,9 @@ def dashboard(request: PortalRequest) -> HttpResponse:
         "running_sessions": sum(state == NotebookSession.State.RUNNING for state, _ in mine),
         "session_warnings": [warning for _, warning in mine if warning],
     }
-    if request.htmx and request.htmx.target == "workers":
-        return render(request, "portal/dashboard.html#workers", context)
+    if request.htmx and request.htmx.target in {"workers", "session-warnings"}:
+        part = "workers" if request.htmx.target == "workers" else "warnings"
+        return render(request, f"portal/dashboard.html#{part}", context)
     return render(request, "portal/dashboard.html", context)
 
 

@@ -141,3 +141,17 @@ def test_a_notebook_path_the_proxy_has_no_route_for_goes_to_the_hub(client: Clie
     answer = client.get("/jupyter/user/alice/lab-1/lab/tree/work?reset=1")
     assert answer.status_code == 302
     assert answer["Location"] == "/jupyter/hub/user/alice/lab-1/lab/tree/work?reset=1"
+
+
+def test_htmx_gets_only_the_session_notices_partial(alice: User) -> None:
+    """What static/js/dashboard.js fetches when the socket says a notice was given (a spot reclaim, say)."""
+    from sessions.notebooks.models import NotebookImage, NotebookSession
+
+    image = NotebookImage.objects.create(name="lab", image="gpu-portal/notebook:latest", enabled=True)
+    NotebookSession.objects.create(
+        owner=alice, server_name="lab-1", image=image, state=NotebookSession.State.RUNNING, warning="Reclaimed soon"
+    )
+    page = logged_in(alice).get("/", HTTP_HX_REQUEST="true", HTTP_HX_TARGET="session-warnings").content.decode()
+    assert page.lstrip().startswith('<div id="session-warnings"')
+    assert "Reclaimed soon" in page
+    assert "<html" not in page
