@@ -123,6 +123,12 @@ class NotebookSession(models.Model):
         return f"{self.owner} / {self.server_name} ({self.state})"
 
     @property
+    def start_clock(self) -> datetime:
+        """When its launch began to wait on the hub: when it got its slice, which for one handed a reclaimed
+        spot slice is the grace time after its request."""
+        return self.slice.allocated_at if self.slice_id and self.slice else self.requested_at
+
+    @property
     def active(self) -> bool:
         return self.state in self.ACTIVE
 

@@ -37,7 +37,8 @@ def reconcile(runtime: DockerRuntime | None = None) -> dict[str, int]:
     counts = {"ended": 0, "failed": 0, "containers_removed": 0, "slices_released": 0}
     # First, since a container must never run unfenced: a Docker restart or an operator may flush rules.
     counts["firewall_repaired"] = int(repair(runtime=runtime))
-    for session in NotebookSession.objects.filter(state__in=[State.STARTING, State.RUNNING, State.STOPPING]):
+    active = NotebookSession.objects.filter(state__in=[State.STARTING, State.RUNNING, State.STOPPING])
+    for session in active.select_related("slice"):
         try:
             outcome = _check(session, runtime)
         except BackendError as error:  # its slice could not be freed: try again next time, go on with the rest
@@ -57,7 +58,7 @@ def _check(session: NotebookSession, runtime: DockerRuntime) -> str:
     found = runtime.container_state(session.pk)
     if session.state == State.STARTING:
         limit = timedelta(seconds=settings.HUB_START_PATIENCE_SECONDS) + START_MARGIN
-        if found is None and timezone.now() - session.requested_at > limit:
+        if found is None and timezone.now() - session.start_clock > limit:
             fail(session.pk, NEVER_STARTED, detail=f"no container after {limit}", forget=True)
             return "failed"
         return "ok"

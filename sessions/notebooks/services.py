@@ -165,7 +165,7 @@ def ask_hub_to_start(session_id: int, attempt: int = 0) -> float | None:
     try:
         Hub().start_server(session.owner.get_username(), session.server_name, {"session": session.pk})
     except HubUnavailable as error:
-        waited = (timezone.now() - session.requested_at).total_seconds()
+        waited = (timezone.now() - session.start_clock).total_seconds()
         if waited < settings.HUB_START_PATIENCE_SECONDS:
             log.warning("session %s: the hub did not answer (try %s): %s", session.pk, attempt + 1, error)
             note_step(session.pk, WAITING_FOR_HUB)

@@ -48,6 +48,8 @@ def test_a_start_gives_up_on_a_silent_hub_in_words_not_a_traceback(
     session = start_session(alice, Launch(MIG, notebook_image.pk, "hopeless"))
     past = timezone.now() - timedelta(seconds=settings.HUB_START_PATIENCE_SECONDS + 1)
     NotebookSession.objects.filter(pk=session.pk).update(requested_at=past)
+    assert session.slice is not None
+    Slice.objects.filter(pk=session.slice.pk).update(allocated_at=past)  # patience counts from the slice
     assert ask_hub_to_start(session.pk, attempt=9) is None
     session.refresh_from_db()
     assert session.state == NotebookSession.State.FAILED
@@ -82,3 +84,15 @@ def test_a_start_during_a_hub_outage_runs_once_the_hub_is_back(
 
     stop_session(session.pk, by=alice)
     wait_for(lambda: state_of(session) == NotebookSession.State.STOPPED, 60, "the session to stop")
+
+
+@pytest.mark.django_db
+def test_patience_counts_from_the_slice_not_the_request(
+    silent_hub: None, settings, notebook_image: NotebookImage, alice: User
+) -> None:  # type: ignore[no-untyped-def]
+    """A launch handed a reclaimed spot slice waited the grace time before it asked the hub at all."""
+    session = start_session(alice, Launch(MIG, notebook_image.pk, "handed"))
+    past = timezone.now() - timedelta(seconds=settings.HUB_START_PATIENCE_SECONDS + 1)
+    NotebookSession.objects.filter(pk=session.pk).update(requested_at=past)
+    assert ask_hub_to_start(session.pk, attempt=9) == 30.0  # still patient: its slice is new
+    assert state_of(session) == NotebookSession.State.STARTING

@@ -69,3 +69,33 @@ def test_reconciliation_leaves_another_portals_containers_alone(docker_engine: s
     finally:
         theirs.remove(force=True)
         runtime.remove(mine.id)
+
+
+@pytest.mark.docker
+def test_a_start_with_no_container_fails_only_once_its_slice_has_waited_the_hubs_patience(
+    docker_engine: str,
+    settings,
+    alice: User,
+    notebook_image,  # type: ignore[no-untyped-def]
+) -> None:
+    """The clock starts when the session got its slice: one handed a reclaimed spot slice waited the grace
+    time first, and must not be failed for it."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from sessions.notebooks.models import NotebookSession
+    from sessions.notebooks.reconcile import NEVER_STARTED, _check
+    from sessions.notebooks.services import Launch, start_session
+    from sessions.runtime.docker import DockerRuntime
+
+    # Nothing asks the hub (the start is enqueued after a commit this test's transaction never makes).
+    past = timezone.now() - timedelta(seconds=settings.HUB_START_PATIENCE_SECONDS + 600)
+    handed = start_session(alice, Launch(SliceRequest("mig", "1g.18gb"), notebook_image.pk, "handed"))
+    NotebookSession.objects.filter(pk=handed.pk).update(requested_at=past)
+    assert _check(NotebookSession.objects.get(pk=handed.pk), DockerRuntime()) == "ok"
+    assert handed.slice is not None
+    Slice.objects.filter(pk=handed.slice.pk).update(allocated_at=past)
+    assert _check(NotebookSession.objects.get(pk=handed.pk), DockerRuntime()) == "failed"
+    handed.refresh_from_db()
+    assert handed.state == NotebookSession.State.FAILED and handed.failure_message == NEVER_STARTED
