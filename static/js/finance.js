@@ -1,5 +1,5 @@
 // The finance view's revenue chart: one bar-like line per UTC day from the page's JSON data block;
-// a click on a day opens that day's usages. Data only, never markup (no innerHTML).
+// a click on a day opens that day's usages. Data only, never markup built from strings.
 (function () {
   "use strict";
 
