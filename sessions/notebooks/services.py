@@ -116,12 +116,17 @@ def start_session(owner: User, launch: Launch) -> NotebookSession:
             if spot_due is None:
                 raise LaunchRefused(refused.reason, code=refused.code) from None
             return _waiting_for_spot(session, spot_due)
-        session.state, session.progress, session.progress_message = State.STARTING, 10, "Slice allocated"
-        session.progress_at = timezone.now()
-        session.save(update_fields=["slice", "state", "progress", "progress_message", "progress_at"])
-        _announce(session)
-        transaction.on_commit(lambda: _enqueue_start(session.pk))
+        _start_on(session, session.slice, "Slice allocated")
     return session
+
+
+def _start_on(session: NotebookSession, taken: Slice, message: str) -> None:
+    """The session has its slice: it is starting, its owner's pages hear so, and the hub is asked after commit."""
+    session.slice, session.state, session.progress = taken, State.STARTING, 10
+    session.progress_message, session.progress_at = message, timezone.now()
+    session.save(update_fields=["slice", "state", "progress", "progress_message", "progress_at"])
+    _announce(session)
+    transaction.on_commit(lambda: _enqueue_start(session.pk))
 
 
 def _waiting_for_spot(session: NotebookSession, due: datetime) -> NotebookSession:
@@ -404,8 +409,4 @@ def _take_over(handed: spot.HandOver) -> None:
     if handed.taken is None:
         _failed(waiting, SPOT_DID_NOT_FIT, detail=handed.refused)
         return
-    waiting.slice, waiting.state, waiting.progress = handed.taken, State.STARTING, 10
-    waiting.progress_message, waiting.progress_at = SPOT_HANDED_OVER, timezone.now()
-    waiting.save(update_fields=["slice", "state", "progress", "progress_message", "progress_at"])
-    _announce(waiting)
-    transaction.on_commit(lambda: _enqueue_start(waiting.pk))
+    _start_on(waiting, handed.taken, SPOT_HANDED_OVER)

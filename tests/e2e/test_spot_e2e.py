@@ -38,7 +38,7 @@ def test_the_spot_owner_sees_the_notice_arrive_and_the_waiting_launch_shows_its_
     expect(notice).to_contain_text("is reclaimed for an on-demand session: it stops at")  # no reload: pushed
     expect(notice).to_contain_text("Save your work to work/ now.")
     page.screenshot(path="artifacts/screenshots/spot-notice-on-card.png", full_page=True)
-    # The dashboard gets it too, without a reload (static/js/dashboard.js fetches the notices again).
+    # The dashboard gets it too, without a reload (static/js/billing.js fetches the notices again).
     expect(board.get_by_role("alert").filter(has_text="is reclaimed for an on-demand session")).to_have_count(1)
     board.screenshot(path="artifacts/screenshots/spot-notice-on-dashboard.png", full_page=True)
     board.close()

@@ -144,7 +144,7 @@ def test_a_notebook_path_the_proxy_has_no_route_for_goes_to_the_hub(client: Clie
 
 
 def test_htmx_gets_only_the_session_notices_partial(alice: User) -> None:
-    """What static/js/dashboard.js fetches when the socket says a notice was given (a spot reclaim, say)."""
+    """What static/js/billing.js fetches when the socket says a notice was given (a spot reclaim, say)."""
     from sessions.notebooks.models import NotebookImage, NotebookSession
 
     image = NotebookImage.objects.create(name="lab", image="gpu-portal/notebook:latest", enabled=True)
