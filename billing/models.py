@@ -411,3 +411,73 @@ class CreditNote(Issued):
     @property
     def label(self) -> str:
         return f"CN-{self.number:06d}"
+
+
+class BilledGroup(models.Model):
+    """A Django group staff bill as one: each month it gets a group invoice of its members' charges, addressed
+    to it (billing/group_invoices.py). The money still comes from each member's own wallet."""
+
+    group = models.OneToOneField(Group, on_delete=models.CASCADE, related_name="billed")
+    billing_name = models.CharField(max_length=200, help_text="Who the invoice is addressed to, e.g. a department.")
+    billing_email = models.EmailField(blank=True)
+    marked_by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+")
+    marked_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["group__name"]
+
+    def __str__(self) -> str:
+        return f"group {self.group} billed to {self.billing_name}"
+
+
+class GroupInvoice(Issued):
+    """A billed group's month: the invoices of the members charged in it, addressed to the group."""
+
+    number = models.PositiveIntegerField(unique=True)
+    group = models.ForeignKey(Group, on_delete=models.PROTECT, related_name="group_invoices")
+    month = models.DateField(help_text="The first day of the (UTC) month.")
+    issued_at = models.DateTimeField(default=timezone.now)
+    billing_name = models.CharField(max_length=200)
+    billing_email = models.EmailField(blank=True)
+    currency = models.CharField(max_length=8)
+    minutes = models.PositiveIntegerField()
+    total = models.DecimalField(max_digits=18, decimal_places=money.AMOUNT_PLACES)
+    credit_applied = models.DecimalField(max_digits=18, decimal_places=money.AMOUNT_PLACES)
+    balance_due = models.DecimalField(max_digits=18, decimal_places=money.AMOUNT_PLACES)
+
+    class Meta:
+        ordering = ["-month", "-number"]
+        constraints = [models.UniqueConstraint(fields=["group", "month"], name="group_invoice_one_per_group_month")]
+        permissions = [("view_own_group_invoices", "Can see the invoices of the billed groups they are a member of")]
+
+    def __str__(self) -> str:
+        return f"group invoice {self.label} of {self.group} for {self.month:%Y-%m}"
+
+    @property
+    def label(self) -> str:
+        return f"GRP-{self.number:06d}"
+
+
+class GroupInvoiceMember(Issued):
+    """One member on a group invoice: their own invoice of the month (whose lines the group invoice lists)
+    and its totals, and the other billed groups whose invoices list the same charges."""
+
+    group_invoice = models.ForeignKey(GroupInvoice, on_delete=models.PROTECT, related_name="members")
+    member = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+")
+    invoice = models.ForeignKey(Invoice, on_delete=models.PROTECT, related_name="group_lines")
+    minutes = models.PositiveIntegerField()
+    total = models.DecimalField(max_digits=18, decimal_places=money.AMOUNT_PLACES)
+    credit_applied = models.DecimalField(max_digits=18, decimal_places=money.AMOUNT_PLACES)
+    balance_due = models.DecimalField(max_digits=18, decimal_places=money.AMOUNT_PLACES)
+    also_billed_to = models.CharField(
+        max_length=500, blank=True, help_text="The other billed groups the member was in when this was issued."
+    )
+
+    class Meta:
+        ordering = ["group_invoice", "id"]  # written in the order of the members' user names
+        constraints = [
+            models.UniqueConstraint(fields=["group_invoice", "member"], name="group_invoice_member_once"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.invoice} on {self.group_invoice}"
