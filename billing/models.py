@@ -285,13 +285,18 @@ class Budget(models.Model):
 
 
 class BudgetAlert(models.Model):
-    """A threshold of a budget crossed in a month: one row, so the alert is sent exactly once."""
+    """A threshold of a budget crossed in a month: one row, so the alert is shown and pushed exactly once;
+    its mail is marked sent only once the mail server has taken it."""
 
     budget = models.ForeignKey(Budget, on_delete=models.CASCADE, related_name="alerts")
     month = models.DateField(help_text="The first day of the (UTC) month.")
     threshold = models.PositiveSmallIntegerField(help_text="Percent: 50, 80 or 100.")
     spent = models.DecimalField(max_digits=18, decimal_places=money.AMOUNT_PLACES)
-    sent_at = models.DateTimeField(default=timezone.now)
+    sent_at = models.DateTimeField(default=timezone.now, help_text="When it was recorded, shown and pushed.")
+    mail_due = models.BooleanField(
+        default=False, db_default=False, help_text="Its mail is still to go out: a failed send is tried again."
+    )
+    mailed_at = models.DateTimeField(null=True, blank=True, help_text="When the mail server took its mail.")
 
     class Meta:
         ordering = ["-sent_at", "-threshold"]
