@@ -14,6 +14,7 @@ from celery import Celery
 from celery.schedules import crontab
 from celery.signals import worker_ready
 from django.apps import apps
+from django.conf import settings
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "portal.settings")
 ROOT = Path(__file__).resolve().parents[1]
@@ -36,6 +37,29 @@ def task_packages() -> list[str]:
 
 app.autodiscover_tasks()
 app.autodiscover_tasks(task_packages)
+
+# Render jobs' own queue: a chunk holds its worker thread for as long as Blender renders, so these go to a
+# worker of their own (the supervisor's `render` program), never in front of the billing tick or a launch.
+RENDER_TASKS = frozenset(
+    {
+        "sessions.render.tasks.estimate_job",
+        "sessions.render.tasks.work_on_slice",
+        "sessions.render.tasks.recover_render_work",
+    }
+)
+
+
+def render_queue() -> str:
+    """PORTAL_RENDER_QUEUE, else the default queue's name with ``-render`` (a test run's own, say)."""
+    return str(settings.RENDER_QUEUE or f"{settings.CELERY_TASK_DEFAULT_QUEUE}-render")
+
+
+def route(name: str, args: Any, kwargs: Any, options: Any, task: Any = None, **extra: Any) -> dict[str, str] | None:
+    """Celery's router: render work to the render queue, everything else to the default one."""
+    return {"queue": render_queue()} if name in RENDER_TASKS else None
+
+
+app.conf.task_routes = (route,)
 
 app.conf.beat_schedule = {
     "portal-heartbeat": {"task": "portal.tasks.record_heartbeat", "schedule": 60.0},

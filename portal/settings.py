@@ -222,6 +222,9 @@ CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_TIMEZONE = "UTC"
 CELERY_TASK_ALWAYS_EAGER = False
+# Render jobs' own queue (portal/celery.py routes the probe and the slices' workers there); empty: the
+# default queue's name plus "-render", so a test run's or a second portal's queues stay apart.
+RENDER_QUEUE = env.text("PORTAL_RENDER_QUEUE", "")
 
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},

@@ -18,7 +18,7 @@ from tests.helpers.supervised import SupervisedRun, group_members
 pytestmark = [pytest.mark.docker, pytest.mark.hub, pytest.mark.celery]
 
 LOGS = Path(__file__).resolve().parents[2] / "artifacts" / "logs"
-PORTAL = ["web", "proxy", "hub", "worker", "beat", "agent"]
+PORTAL = ["web", "proxy", "hub", "worker", "render", "beat", "agent"]
 HELPERS = ["console", "revive"]
 
 
@@ -60,6 +60,8 @@ def back_again(run: SupervisedRun, name: str) -> Callable[[], bool]:
         return lambda: answers_200(run.hub_api) and answers_200(f"{run.public}/jupyter/hub/api/")
     if name == "worker":
         return run.worker_answers
+    if name == "render":
+        return lambda: render_worker_queues(run) == [f"{run.queue}-render"]
     return lambda: True  # beat, agent, console, revive: running again is all they show
 
 
@@ -72,6 +74,28 @@ def test_the_worker_takes_eight_tasks_at_once(run: SupervisedRun) -> None:
     pool = stats[run.worker_name]["pool"]
     assert pool["max-concurrency"] == 8
     assert pool["implementation"].startswith("celery.concurrency.thread")
+
+
+def render_worker_queues(run: SupervisedRun) -> list[str]:
+    """The queues the render worker reads, as it answers them (empty while it does not answer)."""
+    from portal.celery import app
+
+    name = f"{run.queue}-render@{socket.gethostname()}"
+    found = app.control.inspect(destination=[name], timeout=1).active_queues() or {}
+    return sorted(queue["name"] for queue in found.get(name, []))
+
+
+def test_render_jobs_have_a_worker_of_their_own_on_their_own_queue(run: SupervisedRun) -> None:
+    from portal.celery import app
+
+    run.wait(lambda: render_worker_queues(run) == [f"{run.queue}-render"], 60, "the render worker")
+    name = f"{run.queue}-render@{socket.gethostname()}"
+    pool = (app.control.inspect(destination=[name], timeout=2).stats() or {})[name]["pool"]
+    assert pool["max-concurrency"] == len(os.sched_getaffinity(0))
+    assert pool["implementation"].startswith("celery.concurrency.thread")
+    # The portal's own worker does not read the render queue: a render never waits in front of its tasks.
+    general = app.control.inspect(destination=[run.worker_name], timeout=2).active_queues() or {}
+    assert [queue["name"] for queue in general[run.worker_name]] == [run.queue]
 
 
 @pytest.mark.parametrize("name", PORTAL + HELPERS)
