@@ -77,6 +77,9 @@ class BillingPricing:
             note="Billing is per started minute: a session pays each minute that has begun, the first at once.",
         )
 
+    def per_minute(self, request: SliceRequest, market: str) -> Decimal | None:
+        return per_minute(request, market)
+
     def refusal(self, owner: User, request: SliceRequest, spot: bool) -> str | None:
         return credit.launch_refusal(owner, per_minute(request, Market.SPOT if spot else Market.ON_DEMAND), spot)
 

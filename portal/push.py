@@ -1,8 +1,9 @@
 """The one module that pushes to websocket groups, and the one place group names are made.
 
-Two kinds of push: notices to one person's open tabs (the default channel layer),
-and the GPU agent's metric frames (the ``metrics`` layer, Redis pub/sub: a frame
-nobody listens to is dropped, never queued). Callers hand over plain data or
+Three kinds of push: notices to one person's open tabs and render jobs' progress to the
+pages that follow them (both on the default channel layer), and the GPU agent's metric
+frames (the ``metrics`` layer, Redis pub/sub: a frame nobody listens to is dropped, never
+queued). Callers hand over plain data or
 frames serialised once; the consumers forward them unchanged.
 """
 
@@ -36,15 +37,38 @@ def user_metrics_group(user_id: int) -> str:
     return f"metrics.user.{user_id}"
 
 
+def render_owner_group(owner_id: int) -> str:
+    """The pages that follow every render job of one person (their jobs list)."""
+    return f"render.user.{owner_id}"
+
+
+def render_job_group(job_id: int) -> str:
+    """The pages that follow one render job: its owner's, and staff's."""
+    return f"render.job.{job_id}"
+
+
+RENDER_PROGRESS = "render.progress"  # the consumers' handler for it: RenderProgressConsumer.render_progress
+
+
 def notify_user(user_id: int, payload: dict[str, Any]) -> None:
     """Send a notice to every open tab of one user (from sync code: views, tasks)."""
+    _send([notice_group(user_id)], {"type": "notify", "payload": payload})
+
+
+def render_progress(owner_id: int, job_id: int, payload: dict[str, Any]) -> None:
+    """A render job's progress (frames, samples, ETA, cost, thumbnail, log tail) to whoever follows it."""
+    _send([render_owner_group(owner_id), render_job_group(job_id)], {"type": RENDER_PROGRESS, "payload": payload})
+
+
+def _send(groups: list[str], message: dict[str, Any]) -> None:
+    """One message to some groups of the default layer, from sync code (views, tasks, worker threads)."""
     layer = get_channel_layer()
     if layer is None:
         return
-    message = {"type": "notify", "payload": payload}
 
     def send() -> None:
-        async_to_sync(layer.group_send)(notice_group(user_id), message)
+        for group in groups:
+            async_to_sync(layer.group_send)(group, message)
 
     try:
         asyncio.get_running_loop()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from decimal import Decimal
 from typing import Protocol
 
 from django.contrib.auth.models import User
@@ -40,6 +41,11 @@ class Pricing(Protocol):
 
     def wallet(self, owner: User) -> WalletLine | None: ...
 
+    def per_minute(self, request: SliceRequest, market: str) -> Decimal | None:
+        """What a started minute of this offer costs now, on this market; None where it has no price
+        (render jobs' estimates and their cost so far)."""
+        ...
+
     def refusal(self, owner: User, request: SliceRequest, spot: bool) -> str | None:
         """Why this launch may not start for money reasons, in words; None if it may."""
         ...
@@ -50,6 +56,9 @@ class Unpriced:
         return {}
 
     def wallet(self, owner: User) -> WalletLine | None:
+        return None
+
+    def per_minute(self, request: SliceRequest, market: str) -> Decimal | None:
         return None
 
     def refusal(self, owner: User, request: SliceRequest, spot: bool) -> str | None:
