@@ -32,6 +32,7 @@ log = logging.getLogger(__name__)
 THRESHOLDS = (50, 80, 100)
 MAX_BUDGET = Decimal(10_000_000)  # a month's budget larger than this is a typo
 HOUR = Decimal(money.MINUTES_PER_HOUR)
+MAIL_RETRY_FOR = timedelta(days=7)  # an alert's mail the server refused all week is no longer news: given up
 
 
 @dataclass(frozen=True)
@@ -228,47 +229,82 @@ def alerts_for(user: User, month: date) -> QuerySet[BudgetAlert]:
 
 
 def check_budgets(now: datetime | None = None) -> int:
-    """Beat: record (and send, once each) every threshold crossed this month; returns how many were new."""
-    month = month_of(now or timezone.now())
+    """Beat: record every threshold crossed this month (shown once on the dashboard and pushed once), then
+    mail each alert whose mail is still due; returns how many alerts were new."""
+    now = now or timezone.now()
+    month = month_of(now)
     by_person = spent_by_person(month)
     memberships: dict[int, list[int]] = {}
     for user_id, group_id in User.groups.through.objects.values_list("user_id", "group_id"):
         memberships.setdefault(group_id, []).append(user_id)
+    recorded = set(BudgetAlert.objects.filter(month=month).values_list("budget_id", "threshold"))
     sent = 0
     for budget in Budget.objects.select_related("user", "group"):
         members = [budget.user_id] if budget.user_id else memberships.get(budget.group_id or 0, [])
         total = sum((by_person.get(member, Decimal(0)) for member in members), Decimal(0))
         for threshold in THRESHOLDS:
-            if total * 100 >= budget.monthly * threshold:
+            if total * 100 >= budget.monthly * threshold and (budget.pk, threshold) not in recorded:
                 sent += _alert(budget, month, threshold, total, members)
+    transaction.on_commit(lambda: send_due_mail(now), robust=True)
     return sent
 
 
 def _alert(budget: Budget, month: date, threshold: int, total: Decimal, members: list[int]) -> int:
+    mailed_to = User.objects.filter(pk__in=members).exclude(email="").exists()
     try:
         with transaction.atomic():
-            alert = BudgetAlert.objects.create(budget=budget, month=month, threshold=threshold, spent=total)
+            BudgetAlert.objects.create(budget=budget, month=month, threshold=threshold, spent=total, mail_due=mailed_to)
     except IntegrityError:
-        return 0  # sent before (by this run's predecessor or a run beside it)
-    whose = "your" if budget.user_id else f"the group {budget.group}'s"
-    text = (
-        f"You have spent {threshold} % of {whose} budget for {month:%B %Y}:"
-        f" {money.shown(total)} of {money.shown(budget.monthly)}."
-    )
+        return 0  # recorded before (by this run's predecessor or a run beside it)
+    text = _alert_text(budget, month, threshold, total)
     for member in members:
         push.notify_user(member, {"type": "billing.budget", "threshold": threshold, "text": text})
-    recipients = [email for email in User.objects.filter(pk__in=members).values_list("email", flat=True) if email]
-    if recipients:
-        subject = f"{settings.SITE_NAME}: {threshold} % of {whose} budget spent"
-        transaction.on_commit(lambda: _mail(subject, text, recipients, alert.pk), robust=True)
     return 1
 
 
-def _mail(subject: str, text: str, recipients: list[str], alert_id: int) -> None:
-    try:
-        send_mail(subject, text, None, recipients)
-    except OSError as error:
-        log.warning("budget alert %s was recorded but its mail failed: %s", alert_id, error)
+def _whose(budget: Budget) -> str:
+    return "your" if budget.user_id else f"the group {budget.group}'s"
+
+
+def _alert_text(budget: Budget, month: date, threshold: int, total: Decimal) -> str:
+    return (
+        f"You have spent {threshold} % of {_whose(budget)} budget for {month:%B %Y}:"
+        f" {money.shown(total)} of {money.shown(budget.monthly)}."
+    )
+
+
+def send_due_mail(now: datetime | None = None) -> int:
+    """Mail every alert of the last MAIL_RETRY_FOR whose mail is still due: new ones, and those whose send
+    failed before (an alert is marked mailed only once the mail server took it, so the next check tries a
+    failed one again). Stops at the first failure: the server is down for the rest too. Returns how many went."""
+    since = (now or timezone.now()) - MAIL_RETRY_FOR
+    due = BudgetAlert.objects.filter(mail_due=True, sent_at__gte=since).order_by("sent_at", "threshold")
+    mailed = 0
+    for alert_id in list(due.values_list("pk", flat=True)):
+        try:
+            mailed += _mail(alert_id)
+        except OSError as error:  # smtplib's errors are OSErrors too
+            log.warning("budget alert %s: its mail failed, the next check tries again: %s", alert_id, error)
+            break
+    return mailed
+
+
+def _mail(alert_id: int) -> int:
+    """Send one alert's mail, claimed under its row lock (a check beside this one skips it), and mark it
+    mailed in the same transaction: a send that raises leaves it due."""
+    with transaction.atomic():
+        alert = BudgetAlert.objects.select_for_update(skip_locked=True).filter(pk=alert_id, mail_due=True).first()
+        if alert is None:
+            return 0
+        budget = alert.budget
+        members = User.objects.filter(pk=budget.user_id) if budget.user_id else budget.group.user_set.all()  # type: ignore[union-attr]
+        recipients = [email for email in members.values_list("email", flat=True) if email]
+        if recipients:
+            subject = f"{settings.SITE_NAME}: {alert.threshold} % of {_whose(budget)} budget spent"
+            send_mail(subject, _alert_text(budget, alert.month, alert.threshold, alert.spent), None, recipients)
+        alert.mail_due, alert.mailed_at = False, timezone.now()
+        alert.save(update_fields=["mail_due", "mailed_at"])
+    return 1 if recipients else 0
 
 
 # The zero-balance stop.

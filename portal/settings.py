@@ -271,6 +271,8 @@ EMAIL_PORT = env.integer("PORTAL_EMAIL_PORT", 25, minimum=1)
 EMAIL_HOST_USER = env.text("PORTAL_EMAIL_USER", "")
 EMAIL_HOST_PASSWORD = env.text("PORTAL_EMAIL_PASSWORD", "")
 EMAIL_USE_TLS = env.flag("PORTAL_EMAIL_USE_TLS", False)
+# Seconds an SMTP connection may take: a mail server that does not answer must not hold up the beat task.
+EMAIL_TIMEOUT = env.integer("PORTAL_EMAIL_TIMEOUT", 10, minimum=1)
 DEFAULT_FROM_EMAIL = env.text("PORTAL_DEFAULT_FROM_EMAIL", "portal@localhost")
 
 LANGUAGE_CODE = "en"
