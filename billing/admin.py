@@ -1,6 +1,6 @@
 """Billing in the Django admin: prices are added (never edited) through the same checks as the staff
 page; usages, minutes, daily roll-ups, the ledger, budgets and their alerts, invoices and credit notes
-are read-only records."""
+are read-only records, and so are group invoices; staff mark which groups are billed here too."""
 
 from __future__ import annotations
 
@@ -10,16 +10,20 @@ from django import forms
 from django.contrib import admin
 from django.core.exceptions import ValidationError
 from django.http import HttpRequest
+from django.utils import timezone
 
 from billing import prices
 from billing.models import (
     Account,
+    BilledGroup,
     Budget,
     BudgetAlert,
     ChargedMinute,
     CreditNote,
     CreditStop,
     Entry,
+    GroupInvoice,
+    GroupInvoiceMember,
     Invoice,
     InvoiceLine,
     LedgerTransaction,
@@ -168,3 +172,29 @@ class InvoiceLineAdmin(ReadOnly):
 @admin.register(CreditNote)
 class CreditNoteAdmin(ReadOnly):
     list_display = ["number", "invoice", "amount", "reason", "created_by", "issued_at"]
+
+
+@admin.register(BilledGroup)
+class BilledGroupAdmin(admin.ModelAdmin[BilledGroup]):
+    """Which groups are billed and to whom (also on the portal's Billed groups page); who marked it is recorded."""
+
+    list_display = ["group", "billing_name", "billing_email", "marked_by", "marked_at"]
+    fields = ["group", "billing_name", "billing_email", "marked_by", "marked_at"]
+    readonly_fields = ["marked_by", "marked_at"]
+
+    def save_model(self, request: HttpRequest, obj: BilledGroup, form: Any, change: bool) -> None:
+        user = request.user
+        assert user.is_authenticated
+        obj.marked_by, obj.marked_at = user, timezone.now()
+        super().save_model(request, obj, form, change)
+
+
+@admin.register(GroupInvoice)
+class GroupInvoiceAdmin(ReadOnly):
+    list_display = ["number", "group", "month", "billing_name", "minutes", "total", "credit_applied", "issued_at"]
+    list_filter = ["month"]
+
+
+@admin.register(GroupInvoiceMember)
+class GroupInvoiceMemberAdmin(ReadOnly):
+    list_display = ["group_invoice", "member", "invoice", "minutes", "total", "credit_applied", "also_billed_to"]

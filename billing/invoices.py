@@ -28,7 +28,17 @@ from django.shortcuts import redirect, render
 from django.views.decorators.http import require_GET, require_POST
 
 from billing import ledger, money
-from billing.models import Account, ChargedMinute, CreditNote, Entry, Invoice, InvoiceLine, LedgerTransaction, Usage
+from billing.models import (
+    Account,
+    ChargedMinute,
+    CreditNote,
+    Entry,
+    GroupInvoice,
+    Invoice,
+    InvoiceLine,
+    LedgerTransaction,
+    Usage,
+)
 from billing.prices import database_now
 from portal.access import staff_required
 from portal.http import PortalRequest
@@ -142,14 +152,16 @@ def _credit(user: User, since: datetime, until: datetime, total: Decimal) -> dic
 # Issuing
 
 
-def _next_number(model: type[Invoice] | type[CreditNote]) -> int:
+def next_number(model: type[Invoice] | type[CreditNote] | type[GroupInvoice]) -> int:
+    """The next number of a series of issued documents; on PostgreSQL, one issuer at a time takes one."""
     if connection.vendor == "postgresql":
         with connection.cursor() as cursor:
             cursor.execute("SELECT pg_advisory_xact_lock(%s)", [NUMBER_LOCK])
     return int(model.objects.aggregate(top=Max("number"))["top"] or 0) + 1
 
 
-def _ended(month: date) -> tuple[datetime, datetime]:
+def month_over(month: date) -> tuple[datetime, datetime]:
+    """The bounds of a month that has ended by the database's clock; refused if it has not."""
     since, until = month_bounds(month)
     if until > database_now():
         raise ValidationError(f"{month:%B %Y} has not ended yet.", code="month_not_over")
@@ -160,7 +172,7 @@ def issue(user: User, month: date) -> Invoice | None:
     """Issue a person's invoice for a month that has ended; the one already issued if there is one, None if
     nothing was charged for the month."""
     month = month.replace(day=1)
-    since, until = _ended(month)
+    since, until = month_over(month)
     for _attempt in range(ISSUE_ATTEMPTS):
         try:
             with transaction.atomic():
@@ -173,7 +185,7 @@ def issue(user: User, month: date) -> Invoice | None:
 
 
 def _issue_once(user: User, month: date, since: datetime, until: datetime) -> Invoice | None:
-    number = _next_number(Invoice)
+    number = next_number(Invoice)
     existing = Invoice.objects.filter(user=user, month=month).first()
     if existing is not None:
         return existing
@@ -198,7 +210,7 @@ def _issue_once(user: User, month: date, since: datetime, until: datetime) -> In
 
 def issue_month(month: date) -> list[Invoice]:
     """Issue the month's invoice of everyone who was charged for it; those already issued stay as they are."""
-    since, until = _ended(month)
+    since, until = month_over(month)
     owners = (
         Usage.objects.filter(started__lt=until, billed_minutes__gt=0)
         .exclude(ended__lt=since)
@@ -219,7 +231,7 @@ def credit_note(invoice: Invoice, by: User, reason: str) -> CreditNote:
     for line in invoice.lines.all():
         by_market[line.market] += line.amount
     with transaction.atomic():
-        number = _next_number(CreditNote)
+        number = next_number(CreditNote)
         if CreditNote.objects.filter(invoice=invoice).exists():
             raise ValidationError(f"{invoice.label} was already reversed.", code="already_reversed")
         posting = [(ledger.wallet(invoice.user), invoice.total)]

@@ -7,6 +7,8 @@ price is a new row, refused when it would change the rate of a holding already b
 
 from __future__ import annotations
 
+from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal, InvalidOperation
@@ -14,7 +16,7 @@ from decimal import Decimal, InvalidOperation
 from django.contrib.auth.models import User
 from django.core.exceptions import ValidationError
 from django.db import connection, transaction
-from django.db.models import QuerySet
+from django.db.models import Q, QuerySet
 
 from billing import money
 from billing.models import Market, Price
@@ -45,6 +47,21 @@ def market_of(held: Slice) -> str:
 
 def in_force(key: PriceKey, at: datetime) -> Price | None:
     return _of(key).filter(effective_from__lte=at).order_by("-effective_from").first()
+
+
+def in_force_at(wanted: Sequence[tuple[PriceKey, datetime]]) -> list[Price | None]:
+    """``in_force`` for many (key, moment) pairs in one query: every price of those keys that began by the
+    latest of the moments (a handful per key: prices change rarely), then the newest by each moment."""
+    if not wanted:
+        return []
+    match = Q()
+    for key in {key for key, _ in wanted}:
+        match |= Q(model_name=key.model_name, kind=key.kind, profile=key.profile, market=key.market)
+    latest = max(at for _, at in wanted)
+    by_key: dict[PriceKey, list[Price]] = defaultdict(list)
+    for price in Price.objects.filter(match, effective_from__lte=latest).order_by("-effective_from"):
+        by_key[PriceKey(price.model_name, price.kind, price.profile, price.market)].append(price)
+    return [next((p for p in by_key[key] if p.effective_from <= at), None) for key, at in wanted]
 
 
 def _of(key: PriceKey) -> QuerySet[Price]:

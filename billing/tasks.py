@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from celery import shared_task
 
-from billing import credit, invoices, meter, rollup
+from billing import credit, group_invoices, invoices, meter, rollup
 from sessions.notebooks.services import CHARGE_HOLDING
 
 
@@ -62,3 +62,13 @@ def issue_invoices() -> dict[str, object]:
     month = invoices.last_month()
     issued = invoices.issue_month(month)
     return {"month": f"{month:%Y-%m}", "invoices": [invoice.number for invoice in issued]}
+
+
+@shared_task
+def issue_group_invoices() -> dict[str, object]:
+    """On the 1st (UTC), after ``issue_invoices``: last month's invoice of each billed group (issuing any
+    member's own invoice still missing); a rerun finds them issued and changes nothing."""
+    meter.tick()
+    month = invoices.last_month()
+    issued = group_invoices.issue_month(month)
+    return {"month": f"{month:%Y-%m}", "group_invoices": [invoice.number for invoice in issued]}

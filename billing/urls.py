@@ -1,6 +1,6 @@
 from django.urls import path
 
-from billing import finance, grants, invoices, views, wallet
+from billing import finance, grants, group_pages, invoices, views, wallet
 
 urlpatterns = [
     path("", wallet.account, name="billing-account"),
@@ -16,4 +16,8 @@ urlpatterns = [
     path("invoices/<int:number>/", invoices.invoice_page, name="billing-invoice"),
     path("invoices/<int:number>/csv/", invoices.invoice_csv, name="billing-invoice-csv"),
     path("invoices/<int:number>/credit-note/", invoices.reverse_invoice, name="billing-invoice-reverse"),
+    path("groups/", group_pages.billed_groups, name="billing-groups"),
+    path("groups/<int:group_id>/stop/", group_pages.unbill_group, name="billing-group-unbill"),
+    path("group-invoices/<int:number>/", group_pages.group_invoice_page, name="billing-group-invoice"),
+    path("group-invoices/<int:number>/csv/", group_pages.group_invoice_csv, name="billing-group-invoice-csv"),
 ]

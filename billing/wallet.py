@@ -99,6 +99,7 @@ def _summary(user: User) -> dict[str, object]:
         "time_left": duration(left) if left is not None else None,
         "time_left_hours": round(left.total_seconds() / 3600, 2) if left is not None else None,
         "running": [(r, money.shown(r.per_hour)) for r in wallet.running],
+        "costs": {r.held.pk: r for r in wallet.running},  # each row's live cost, without asking again
         "budget": budget,
         "budget_monthly": money.shown(budget.monthly) if budget else "",
         "spent": money.shown(spent) if spent is not None else "",
@@ -147,7 +148,7 @@ def _days(usages: QuerySet[Usage]) -> list[tuple[Day, str]]:
 
 def _own_holding(user: User, slice_id: int) -> Slice:
     """A holding of the person's own; anyone else's answers exactly like one that does not exist."""
-    held = Slice.objects.filter(pk=slice_id, owner=user, held_from__isnull=False).select_related("gpu").first()
+    held = Slice.objects.filter(pk=slice_id, owner=user, held_from__isnull=False).select_related("gpu__host").first()
     if held is None:
         raise Http404("No such usage among yours.")
     return held
@@ -157,11 +158,12 @@ def _own_holding(user: User, slice_id: int) -> Slice:
 @require_GET
 def holding_cost(request: PortalRequest, slice_id: int) -> HttpResponse:
     """The cost so far of one holding: htmx fetches it again when its next minute starts."""
-    return render(request, COST, cost_context(_own_holding(_person(request), slice_id)))
+    held = _own_holding(_person(request), slice_id)
+    return render(request, COST, cost_context(held, credit.running(held)))
 
 
-def cost_context(held: Slice) -> dict[str, object]:
-    found = credit.running(held, prices.database_now())
+def cost_context(held: Slice, found: credit.Running | None) -> dict[str, object]:
+    """The card's cost of one holding, from its ``credit.Running`` (None: no price covers it)."""
     live = found is not None and held.held_until is None and held.released_at is None
     return {
         "held": held,

@@ -81,6 +81,11 @@ app.conf.beat_schedule = {
         "task": "billing.tasks.issue_invoices",
         "schedule": crontab(minute=30, hour=0, day_of_month=1),
     },
+    # After the members' own invoices, which each group invoice lists.
+    "billing-group-invoices": {
+        "task": "billing.tasks.issue_group_invoices",
+        "schedule": crontab(minute=45, hour=0, day_of_month=1),
+    },
 }
 
 

@@ -1,4 +1,5 @@
-"""Issue a month's invoices by hand: operators catching up after beat was down on the 1st."""
+"""Issue a month's invoices by hand, the people's and then the billed groups': operators catching up after
+beat was down on the 1st."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from typing import Any
 from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from billing import invoices
+from billing import group_invoices, invoices
 
 
 class Command(BaseCommand):
@@ -24,7 +25,10 @@ class Command(BaseCommand):
             raise CommandError("--month is YYYY-MM, e.g. 2026-11.") from None
         try:
             issued = invoices.issue_month(month)
+            grouped = group_invoices.issue_month(month)
         except ValidationError as error:
             raise CommandError(" ".join(error.messages)) from None
         labels = ", ".join(invoice.label for invoice in issued) or "none"
         self.stdout.write(f"{month:%Y-%m}: {len(issued)} invoice(s): {labels}")
+        labels = ", ".join(invoice.label for invoice in grouped) or "none"
+        self.stdout.write(f"{month:%Y-%m}: {len(grouped)} group invoice(s): {labels}")
