@@ -5,9 +5,11 @@ dashboard shows. Nobody reaches anyone else's: another person's holding answers 
 
 from __future__ import annotations
 
+from collections import defaultdict
 from dataclasses import dataclass
-from datetime import UTC, datetime, time, timedelta
+from datetime import UTC, date, datetime, time, timedelta
 from decimal import Decimal
+from typing import Any
 
 from django import forms
 from django.contrib import messages
@@ -23,7 +25,7 @@ from django.views.decorators.http import require_GET, require_POST
 
 from billing import credit, ledger, money, prices
 from billing.launch import duration
-from billing.models import Usage
+from billing.models import Market, Usage
 from portal.http import PortalRequest
 from sessions.gpus import catalog
 from sessions.gpus.models import Slice
@@ -67,6 +69,37 @@ class BudgetForm(forms.Form):
 class Day:
     day: object
     amount: Decimal
+
+
+@dataclass(frozen=True)
+class HistoryRow:
+    """One usage in the history: its charged minutes, or, before the meter's first tick has opened it, the
+    minutes due so far by its recorded moments (``charged`` False)."""
+
+    held: Slice
+    started: datetime
+    market: str
+    minutes: int
+    per_minute: Decimal
+    running: bool
+    charged: bool = True
+
+    @property
+    def cost(self) -> Decimal:
+        return self.per_minute * self.minutes
+
+    @classmethod
+    def of_usage(cls, usage: Usage) -> HistoryRow:
+        market = usage.get_market_display()
+        return cls(usage.slice, usage.started, market, usage.billed_minutes, usage.per_minute, usage.open)
+
+    @classmethod
+    def of_holding(cls, found: credit.Running) -> HistoryRow:
+        held = found.held
+        assert held.held_from is not None
+        market = Market(prices.market_of(held)).label
+        running = credit.ended_at(held) is None
+        return cls(held, held.held_from, market, found.minutes, found.per_minute, running, charged=False)
 
 
 def _person(request: PortalRequest) -> User:
@@ -117,33 +150,62 @@ def _history(user: User, history: HistoryFilter) -> dict[str, object]:
     data = history.cleaned_data
     start = datetime.combine(data["start"], time.min, tzinfo=UTC)
     end = datetime.combine(data["end"], time.min, tzinfo=UTC) + timedelta(days=1)
+    # Holdings the meter has not opened yet are read first: one it opens meanwhile is then listed once, as its usage.
+    holdings = Slice.objects.filter(owner=user, held_from__gte=start, held_from__lt=end, metered=False)
+    unopened = list(_filtered(holdings, data).select_related("gpu__host"))  # the cost names the GPU by its host
     usages = Usage.objects.filter(owner=user, started__gte=start, started__lt=end)
-    if data.get("kind"):
-        usages = usages.filter(slice__kind=data["kind"])
-    if data.get("model"):
-        usages = usages.filter(slice__gpu__model_name=data["model"])
-    rows = list(usages.select_related("slice__gpu").annotate(cost=F("per_minute") * F("billed_minutes")))
-    days = _days(usages)
+    usages = _filtered(usages, data, through="slice__")
+    charged = [HistoryRow.of_usage(usage) for usage in usages.select_related("slice__gpu")]
+    rows = sorted(charged + _not_yet_charged(unopened, {row.held.pk for row in charged}), key=_newest_first)
     total = sum((row.cost for row in rows), Decimal(0))
+    days = _days(usages, rows)
     return {
         "history": history,
-        "usages": [(u, money.shown(u.cost)) for u in rows[:HISTORY_ROWS]],
+        "usages": [(row, money.shown(row.cost)) for row in rows[:HISTORY_ROWS]],
         "more_rows": len(rows) > HISTORY_ROWS,
+        "not_yet_charged": any(not row.charged for row in rows[:HISTORY_ROWS]),
         "days": days,
         "days_max": max((d.amount for d, _ in days), default=Decimal(0)),
         "history_total": money.shown(total),
     }
 
 
-def _days(usages: QuerySet[Usage]) -> list[tuple[Day, str]]:
+def _filtered(found: QuerySet[Any], data: dict[str, Any], through: str = "") -> QuerySet[Any]:
+    """The history's kind and GPU filters, on slices or (``through="slice__"``) on usages."""
+    if data.get("kind"):
+        found = found.filter(**{f"{through}kind": data["kind"]})
+    if data.get("model"):
+        found = found.filter(**{f"{through}gpu__model_name": data["model"]})
+    return found
+
+
+def _newest_first(row: HistoryRow) -> tuple[float, int]:
+    return (-row.started.timestamp(), -row.held.pk)
+
+
+def _not_yet_charged(unopened: list[Slice], listed: set[int]) -> list[HistoryRow]:
+    """Holdings begun but not yet seen by the meter (it opens them at its next tick): their cost so far,
+    from their recorded moments at the rate the meter will freeze. One no price covers is not billed."""
+    holdings = [held for held in unopened if held.pk not in listed]
+    costs = credit.running_costs(holdings)
+    return [HistoryRow.of_holding(costs[held.pk]) for held in holdings if held.pk in costs]
+
+
+def _days(usages: QuerySet[Usage], rows: list[HistoryRow]) -> list[tuple[Day, str]]:
     """What each day's usages cost, by the day they started: the bars of the history."""
-    rows = (
+    by_day: dict[date, Decimal] = defaultdict(Decimal)
+    charged = (
         usages.annotate(day=TruncDate("started", tzinfo=UTC))
         .values("day")
         .annotate(amount=Sum(F("per_minute") * F("billed_minutes")))
-        .order_by("day")
+        .order_by()
     )
-    return [(Day(row["day"], row["amount"] or Decimal(0)), money.shown(row["amount"] or Decimal(0))) for row in rows]
+    for found in charged:
+        by_day[found["day"]] += found["amount"] or Decimal(0)
+    for row in rows:
+        if not row.charged:
+            by_day[row.started.astimezone(UTC).date()] += row.cost
+    return [(Day(day, amount), money.shown(amount)) for day, amount in sorted(by_day.items())]
 
 
 def _own_holding(user: User, slice_id: int) -> Slice:
