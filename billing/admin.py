@@ -16,6 +16,7 @@ from billing import prices
 from billing.models import (
     Account,
     BilledGroup,
+    BilledTotal,
     Budget,
     BudgetAlert,
     ChargedMinute,
@@ -132,6 +133,13 @@ class LedgerTransactionAdmin(ReadOnly):
 @admin.register(Entry)
 class EntryAdmin(ReadOnly):
     list_display = ["transaction", "account", "amount"]
+
+
+@admin.register(BilledTotal)
+class BilledTotalAdmin(ReadOnly):
+    """/metrics' totals, which only the meter adds to."""
+
+    list_display = ["model_name", "kind", "market", "minutes", "amount"]
 
 
 @admin.register(UsageDay)

@@ -7,7 +7,7 @@ clock (never a process's, never by counting ticks); once it has ended, every min
 the end, and always the first. Each due minute is a ``ChargedMinute`` row, unique per (usage, minute),
 inserted in the same database transaction as the ledger entries that charge it: a tick that dies
 leaves nothing, a tick that runs twice finds nothing left to do, and an outage is caught up by the
-next tick in one go.
+next tick in one go. The same statement adds what it billed to /metrics' totals (``BilledTotal``).
 
 PostgreSQL runs it as a constant number of set-based statements, whatever the number of usages, with
 one ledger transaction per person per tick; a second tick meanwhile returns at once (an advisory
@@ -23,9 +23,10 @@ from datetime import datetime, timedelta
 from decimal import Decimal
 
 from django.db import connection, transaction
+from django.db.models import F
 
 from billing import money, prices
-from billing.models import Account, ChargedMinute, Entry, LedgerTransaction, Market, Price, Usage
+from billing.models import Account, BilledTotal, ChargedMinute, Entry, LedgerTransaction, Market, Price, Usage
 from sessions.gpus.models import Gpu, Slice
 
 log = logging.getLogger(__name__)
@@ -42,6 +43,7 @@ T = {
     "txn": LedgerTransaction._meta.db_table,
     "entry": Entry._meta.db_table,
     "account": Account._meta.db_table,
+    "total": BilledTotal._meta.db_table,
 }
 
 
@@ -136,7 +138,7 @@ ON CONFLICT (kind) WHERE user_id IS NULL DO NOTHING
 # so a minute someone else already charged is never paid twice.
 CHARGE = """
 WITH due AS (
-    SELECT u.id, u.owner_id, u.market, u.per_minute, u.billed_minutes AS first, e.ended,
+    SELECT u.id, u.owner_id, u.market, u.per_minute, u.billed_minutes AS first, e.ended, s.gpu_id, s.kind,
            GREATEST(u.billed_minutes, CASE
                WHEN e.ended IS NOT NULL THEN GREATEST(1, CEIL(EXTRACT(EPOCH FROM e.ended - u.started) / 60))
                ELSE FLOOR(EXTRACT(EPOCH FROM now() - u.started) / 60) + 1 END)::integer AS upto
@@ -173,6 +175,16 @@ WITH due AS (
     SELECT s.transaction_id, a.id, s.amount FROM sums s JOIN {account} a ON a.kind = 'revenue_' || s.market
         AND a.user_id IS NULL
     RETURNING amount
+), counted AS (
+    -- /metrics' totals, a few rows: added to as billed_minutes moves on below, in this one statement.
+    INSERT INTO {total} AS t (model_name, kind, market, minutes, amount)
+    SELECT g.model_name, x.kind, x.market, SUM(x.minutes), SUM(x.amount)
+    FROM (SELECT gpu_id, kind, market, SUM(upto - first) AS minutes, SUM((upto - first) * per_minute) AS amount
+          FROM due WHERE upto > first GROUP BY gpu_id, kind, market) x
+    JOIN {gpu} g ON g.id = x.gpu_id
+    GROUP BY g.model_name, x.kind, x.market
+    ON CONFLICT (model_name, kind, market)
+    DO UPDATE SET minutes = t.minutes + EXCLUDED.minutes, amount = t.amount + EXCLUDED.amount
 ), moved AS (
     UPDATE {usage} u SET billed_minutes = d.upto, ended = d.ended, open = d.ended IS NULL
     FROM due d WHERE u.id = d.id AND (d.upto > d.first OR d.ended IS NOT NULL)
@@ -214,21 +226,33 @@ def _run_sql(slice_id: int | None, wait: bool) -> Outcome:
 def _run_python(slice_id: int | None) -> Outcome:
     now = prices.database_now()
     opened = _open_usages(slice_id)
-    usages = Usage.objects.filter(open=True).select_related("slice").order_by("id")
+    usages = Usage.objects.filter(open=True).select_related("slice__gpu").order_by("id")
     if slice_id is not None:
         usages = usages.filter(slice_id=slice_id)
     owed: dict[int, list[tuple[Usage, int]]] = defaultdict(list)
+    billed: dict[tuple[str, str, str], tuple[int, Decimal]] = defaultdict(lambda: (0, Decimal(0)))
     for usage in usages:
         if usage.ended is None and (usage.slice.held_until or usage.slice.released_at):
             usage.ended = max(usage.slice.held_until or usage.slice.released_at, usage.started)  # type: ignore[type-var]
         upto = max(usage.billed_minutes, minutes_due(usage.started, usage.ended, now))
         owed[usage.owner_id].append((usage, upto))
+        key, more = (usage.slice.gpu.model_name, usage.slice.kind, usage.market), upto - usage.billed_minutes
+        billed[key] = (billed[key][0] + more, billed[key][1] + more * usage.per_minute)
     minutes, transactions, amount = 0, 0, Decimal(0)
     for owner_id, owing in owed.items():
         charged = _charge_owner(owner_id, owing)
         if charged:
             minutes, transactions, amount = minutes + charged[0], transactions + 1, amount + charged[1]
+    _add_to_totals(billed)
     return Outcome(usages_opened=opened, minutes=minutes, transactions=transactions, amount=amount)
+
+
+def _add_to_totals(billed: dict[tuple[str, str, str], tuple[int, Decimal]]) -> None:
+    """/metrics' totals move on with the usages' billed_minutes, in the same transaction."""
+    for (model_name, kind, market), (minutes, amount) in billed.items():
+        if minutes:
+            found, _ = BilledTotal.objects.get_or_create(model_name=model_name, kind=kind, market=market)
+            BilledTotal.objects.filter(pk=found.pk).update(minutes=F("minutes") + minutes, amount=F("amount") + amount)
 
 
 def _open_usages(slice_id: int | None) -> int:

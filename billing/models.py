@@ -132,6 +132,27 @@ class Usage(models.Model):
         return f"usage of slice {self.slice_id} by {self.owner_id} from {self.started}"
 
 
+class BilledTotal(models.Model):
+    """Minutes billed since the start, and their amount, for one GPU model, kind and market: what /metrics
+    reads (billing/metrics.py), a few rows whatever the history. The meter adds to it in the statement that
+    advances the usages' ``billed_minutes``, so it always equals their sum over every usage."""
+
+    model_name = models.CharField(max_length=64)
+    kind = models.CharField(max_length=10, choices=Slice.Kind.choices)
+    market = models.CharField(max_length=10, choices=Market.choices)
+    minutes = models.PositiveBigIntegerField(default=0)
+    amount = models.DecimalField(max_digits=20, decimal_places=money.AMOUNT_PLACES, default=0)
+
+    class Meta:
+        ordering = ["model_name", "kind", "market"]
+        constraints = [
+            models.UniqueConstraint(fields=["model_name", "kind", "market"], name="billed_total_one_per_key")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.minutes} minutes of {self.model_name} {self.kind} {self.market} billed"
+
+
 class Account(models.Model):
     """A ledger account: a person's wallet, or one of the portal's own."""
 
