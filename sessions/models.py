@@ -3,6 +3,7 @@
 from sessions.gpus.models import Gpu, GpuHost, GpuInstance, SimulatedGpuInstance, Slice, SliceQuota
 from sessions.metrics.models import GpuMinute
 from sessions.notebooks.models import NotebookImage, NotebookSession
+from sessions.render.models import RenderChunk, RenderFrame, RenderJob
 
 __all__ = [
     "Gpu",
@@ -11,6 +12,9 @@ __all__ = [
     "GpuMinute",
     "NotebookImage",
     "NotebookSession",
+    "RenderChunk",
+    "RenderFrame",
+    "RenderJob",
     "SimulatedGpuInstance",
     "Slice",
     "SliceQuota",

@@ -1,0 +1,210 @@
+"""Render jobs, the chunks of frames they are cut into, and each frame's result.
+
+A job moves through its states only by ``RenderJob.move``, which knows every allowed step and writes
+the moment that step records; the services in ``sessions/render/jobs.py`` lock the row, move it and
+save the fields it names. Chunks hold a slice while they render; the slice records the job as its
+holder, so billing charges a render job the way it charges a notebook.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from django.conf import settings
+from django.db import models
+from django.utils import timezone
+
+from sessions.gpus.models import Slice
+
+if TYPE_CHECKING:
+    from sessions.gpus.allocator import SliceRequest
+
+
+class RenderJob(models.Model):
+    class State(models.TextChoices):
+        UPLOADED = "uploaded", "Uploaded"
+        VALIDATED = "validated", "Checked"
+        ESTIMATING = "estimating", "Estimating"
+        AWAITING_CONFIRMATION = "awaiting_confirmation", "Waiting for your confirmation"
+        QUEUED = "queued", "Queued"
+        RENDERING = "rendering", "Rendering"
+        DONE = "done", "Done"
+        FAILED = "failed", "Failed"
+        CANCELLED = "cancelled", "Cancelled"
+
+    class OutputFormat(models.TextChoices):
+        PNG = "PNG", "PNG"
+        OPEN_EXR = "OPEN_EXR", "OpenEXR"
+
+    # Every step a job may take, in one place. A failed job may be queued again (its failed frames).
+    NEXT: dict[str, frozenset[str]] = {
+        State.UPLOADED: frozenset({State.VALIDATED, State.FAILED, State.CANCELLED}),
+        State.VALIDATED: frozenset({State.ESTIMATING, State.FAILED, State.CANCELLED}),
+        State.ESTIMATING: frozenset({State.AWAITING_CONFIRMATION, State.FAILED, State.CANCELLED}),
+        State.AWAITING_CONFIRMATION: frozenset({State.QUEUED, State.ESTIMATING, State.CANCELLED}),
+        State.QUEUED: frozenset({State.RENDERING, State.FAILED, State.CANCELLED}),
+        State.RENDERING: frozenset({State.DONE, State.FAILED, State.CANCELLED, State.QUEUED}),
+        State.DONE: frozenset(),
+        State.FAILED: frozenset({State.QUEUED}),
+        State.CANCELLED: frozenset(),
+    }
+    ENDED = (State.DONE, State.FAILED, State.CANCELLED)
+    # Before it is queued nothing of it runs on a slice: cancelling only removes its files.
+    BEFORE_QUEUE = (State.UPLOADED, State.VALIDATED, State.AWAITING_CONFIRMATION)
+
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="render_jobs")
+    state = models.CharField(max_length=24, choices=State.choices, default=State.UPLOADED)
+    upload_name = models.CharField(max_length=255, help_text="The uploaded file's name, as the browser sent it.")
+    folder = models.CharField(
+        max_length=200, help_text="The job's folder, relative to PORTAL_RENDER_DIR: <owner's folder>/<random name>."
+    )
+    main_file = models.CharField(
+        max_length=1024, blank=True, help_text="The .blend to render, relative to the job's scene folder."
+    )
+    blend_files = models.JSONField(
+        default=list, blank=True, help_text="The .blend files its zip held; its owner picks the main one among them."
+    )
+    upload_bytes = models.PositiveBigIntegerField(default=0)
+    scene_bytes = models.PositiveBigIntegerField(default=0, help_text="What the scene holds on disk, unpacked.")
+    blender_version = models.CharField(max_length=10, blank=True, help_text="The version that saved the main file.")
+    frame_spec = models.CharField(max_length=500, help_text="The frames as typed: 1-30, 45, 50-60x2.")
+    frames = models.JSONField(default=list, help_text="The frames that spec names, ascending.")
+    frame_count = models.PositiveIntegerField(default=0)
+    resolution_percent = models.PositiveSmallIntegerField(default=100)
+    samples = models.PositiveIntegerField(null=True, blank=True, help_text="Empty: the scene's own sample count.")
+    output_format = models.CharField(max_length=10, choices=OutputFormat.choices, default=OutputFormat.PNG)
+    gpu_kind = models.CharField(max_length=10, choices=Slice.Kind.choices)
+    gpu_profile = models.CharField(max_length=32, blank=True)
+    gpu_model = models.CharField(max_length=64, blank=True)
+    market = models.CharField(max_length=10, choices=Slice.Market.choices, default=Slice.Market.ON_DEMAND)
+    chunk_size = models.PositiveIntegerField(default=1, help_text="Frames per chunk (one container run).")
+    max_slices = models.PositiveSmallIntegerField(default=1, help_text="Slices the job may hold at once.")
+    created_at = models.DateTimeField(default=timezone.now)
+    queued_at = models.DateTimeField(null=True, blank=True, help_text="When its owner confirmed the estimate.")
+    started_at = models.DateTimeField(null=True, blank=True, help_text="When its first chunk began to render.")
+    finished_at = models.DateTimeField(null=True, blank=True, help_text="When it was done, failed or cancelled.")
+    failure_message = models.TextField(blank=True, help_text="What its owner is told, in words.")
+
+    class Meta:
+        ordering = ["-created_at"]
+        indexes = [
+            models.Index(fields=["owner", "-created_at"], name="render_job_owner_idx"),
+            models.Index(fields=["state"], name="render_job_state_idx"),
+        ]
+
+    class BadStep(ValueError):
+        """A step the job's state does not allow (cancelling a finished job, say)."""
+
+    def __str__(self) -> str:
+        return f"render job {self.pk} of {self.owner} ({self.state})"
+
+    @property
+    def request(self) -> SliceRequest:
+        """The slice each of its chunks asks for: the offer its owner picked, on its market."""
+        from sessions.gpus.allocator import SliceRequest  # the allocator is no model module's import
+
+        return SliceRequest(kind=self.gpu_kind, profile=self.gpu_profile, model=self.gpu_model, market=self.market)
+
+    @property
+    def offer_key(self) -> str:
+        return f"{self.gpu_kind}:{self.gpu_model}:{self.gpu_profile}"
+
+    @property
+    def spot(self) -> bool:
+        return self.market == Slice.Market.SPOT
+
+    @property
+    def ended(self) -> bool:
+        return self.state in self.ENDED
+
+    def folder_path(self) -> Path:
+        return Path(settings.RENDER_DIR) / self.folder
+
+    def scene_path(self) -> Path:
+        """The folder a render mounts read-only: the uploaded .blend, or what the zip held."""
+        return self.folder_path() / "scene"
+
+    def may_move(self, to: str) -> bool:
+        return to in self.NEXT[self.state]
+
+    def move(self, to: State, message: str = "", when: datetime | None = None) -> list[str]:
+        """Take one step (in memory) and write the moment it records; returns the fields to save.
+        BadStep if the current state does not lead there."""
+        if not self.may_move(to):
+            raise self.BadStep(f"A job that is {self.get_state_display().lower()} cannot become {to.label.lower()}.")
+        now = when or timezone.now()
+        changed = ["state"]
+        if to == self.State.QUEUED and self.queued_at is None:
+            self.queued_at = now
+            changed.append("queued_at")
+        if to == self.State.RENDERING and self.started_at is None:
+            self.started_at = now
+            changed.append("started_at")
+        if to in self.ENDED:
+            self.finished_at, self.failure_message = now, message if to == self.State.FAILED else ""
+            changed += ["finished_at", "failure_message"]
+        elif self.state == self.State.FAILED:  # queued again: no longer finished, nor failed
+            self.finished_at, self.failure_message = None, ""
+            changed += ["finished_at", "failure_message"]
+        self.state = to
+        return changed
+
+    @property
+    def badge(self) -> tuple[str, str]:
+        """The state as its owner sees it, and its tone."""
+        tone = {self.State.DONE: "good", self.State.FAILED: "bad", self.State.CANCELLED: "neutral"}
+        return self.get_state_display(), tone.get(self.State(self.state), "warn")
+
+
+class RenderChunk(models.Model):
+    """Some of a job's frames, rendered by one container run on one slice; retried on failure."""
+
+    class State(models.TextChoices):
+        PENDING = "pending", "Waiting for a slice"
+        RENDERING = "rendering", "Rendering"
+        DONE = "done", "Done"
+        FAILED = "failed", "Failed"
+        CANCELLED = "cancelled", "Cancelled"
+
+    job = models.ForeignKey(RenderJob, on_delete=models.CASCADE, related_name="chunks")
+    index = models.PositiveIntegerField(help_text="Its place in the job, from 0.")
+    frames = models.JSONField(help_text="The frames it renders, ascending.")
+    state = models.CharField(max_length=12, choices=State.choices, default=State.PENDING)
+    attempts = models.PositiveSmallIntegerField(default=0)
+    slice = models.ForeignKey(Slice, on_delete=models.PROTECT, null=True, blank=True, related_name="render_chunks")
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    log_excerpt = models.TextField(blank=True, help_text="The end of Blender's output on its last attempt.")
+
+    class Meta:
+        ordering = ["job", "index"]
+        constraints = [models.UniqueConstraint(fields=["job", "index"], name="render_chunk_unique_index")]
+
+    def __str__(self) -> str:
+        return f"chunk {self.index} of job {self.job_id} ({self.state})"
+
+
+class RenderFrame(models.Model):
+    """One frame of a job: whether it is rendered, and where its image and thumbnail are."""
+
+    class State(models.TextChoices):
+        PENDING = "pending", "Pending"
+        RENDERING = "rendering", "Rendering"
+        DONE = "done", "Done"
+        FAILED = "failed", "Failed"
+
+    job = models.ForeignKey(RenderJob, on_delete=models.CASCADE, related_name="frame_results")
+    number = models.IntegerField()
+    state = models.CharField(max_length=12, choices=State.choices, default=State.PENDING)
+    output_path = models.CharField(max_length=1024, blank=True, help_text="Relative to the job's folder.")
+    thumbnail_path = models.CharField(max_length=1024, blank=True, help_text="Relative to the job's folder.")
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["job", "number"]
+        constraints = [models.UniqueConstraint(fields=["job", "number"], name="render_frame_unique_number")]
+
+    def __str__(self) -> str:
+        return f"frame {self.number} of job {self.job_id} ({self.state})"
