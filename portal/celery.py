@@ -72,6 +72,7 @@ app.conf.beat_schedule = {
         "options": {"expires": 14},
     },
     "prune-gpu-history": {"task": "sessions.metrics.tasks.prune_gpu_history", "schedule": 3600.0},
+    "render-orphan-uploads": {"task": "sessions.render.tasks.remove_orphan_uploads", "schedule": 3600.0},
     # A tick left in the queue past the next one is dropped: the next one charges all of it anyway.
     "billing-minute": {"task": "billing.tasks.charge_accrued", "schedule": 60.0, "options": {"expires": 55}},
     "billing-fold-minutes": {"task": "billing.tasks.fold_minutes", "schedule": 3600.0},

@@ -421,6 +421,14 @@ BILLING_GRACE_MINUTES = env.integer("PORTAL_BILLING_GRACE_MINUTES", 5, minimum=0
 # (a cloud's spot interruption notice; AWS gives two minutes).
 SPOT_GRACE_SECONDS = env.integer("PORTAL_SPOT_GRACE_SECONDS", 120, minimum=0)
 
+# Render jobs: where scenes and frames live (a folder per person, named by a keyed hash, and per job, named
+# at random), and what an upload may be. The upload limit holds while the body streams to disk.
+RENDER_DIR = env.path("PORTAL_RENDER_DIR", DATA_DIR / "render")
+RENDER_MAX_UPLOAD_BYTES = env.integer("PORTAL_RENDER_MAX_UPLOAD_BYTES", 2 * 1024**3, minimum=1024)
+RENDER_MAX_UNPACKED_BYTES = env.integer("PORTAL_RENDER_MAX_UNPACKED_BYTES", 8 * 1024**3, minimum=1024)
+RENDER_MAX_ZIP_ENTRIES = env.integer("PORTAL_RENDER_MAX_ZIP_ENTRIES", 5000, minimum=1)
+RENDER_MAX_FRAMES = env.integer("PORTAL_RENDER_MAX_FRAMES", 10000, minimum=1)
+
 LOG_LEVELS = ["DEBUG", "INFO", "WARNING", "ERROR"]
 LOG_LEVEL = env.choice(
     "PORTAL_LOG_LEVEL", "INFO", {word: word.upper() for level in LOG_LEVELS for word in (level, level.lower())}

@@ -1,4 +1,4 @@
-"""Who may see and act on which notebook sessions and slices: one rule per object type (render jobs next).
+"""Who may see and act on which notebook sessions, render jobs and slices: one rule per object type.
 
 Views, consumers, the internal API and the services ask here and nowhere else.
 People reach their own; operators may also view and stop anyone's. Whatever
@@ -18,6 +18,7 @@ from django.http import Http404
 from portal.roles import is_operator
 from sessions.gpus.models import Slice
 from sessions.notebooks.models import NotebookSession
+from sessions.render.models import RenderJob
 
 Person = User | AnonymousUser
 Owned = TypeVar("Owned", bound=Model)
@@ -25,9 +26,10 @@ Owned = TypeVar("Owned", bound=Model)
 
 class Action(StrEnum):
     VIEW = "view"
-    STOP = "stop"  # a session
+    STOP = "stop"  # a session; cancel, for a render job
     RELEASE = "release"  # a slice
     HUB = "hub"  # the hub acting for the owner: the launch spec, lifecycle events
+    CONFIGURE = "configure"  # a render job's settings before it runs (its main file): its owner's alone
 
 
 # Operators run the fleet: they may look at and end anyone's work, never act as its owner.
@@ -38,7 +40,7 @@ class NotFound(Http404):
     """Nothing of that number that this person may reach; a view answers 404."""
 
 
-def may(person: Person, action: Action, owned: NotebookSession | Slice) -> bool:
+def may(person: Person, action: Action, owned: NotebookSession | RenderJob | Slice) -> bool:
     """The rule itself, for a row already in hand (a service that has locked it, say)."""
     return _reaches_everyone(person, action) or (person.is_authenticated and owned.owner_id == person.pk)
 
@@ -58,6 +60,17 @@ def session_for(person: Person, session_id: int, action: Action = Action.VIEW) -
 def sessions_for_hub_user(username: str) -> QuerySet[NotebookSession]:
     """What the hub may drive for the person it names (its user names are ours, through our OAuth)."""
     return NotebookSession.objects.filter(owner__username=username) if username else NotebookSession.objects.none()
+
+
+def render_jobs_for(person: Person, action: Action = Action.VIEW) -> QuerySet[RenderJob]:
+    return _scoped(RenderJob.objects.all(), person, action)
+
+
+def render_job_for(person: Person, job_id: int, action: Action = Action.VIEW) -> RenderJob:
+    job = render_jobs_for(person, action).select_related("owner").filter(pk=job_id).first()
+    if job is None:
+        raise NotFound("No such render job among yours.")
+    return job
 
 
 def slices_for(person: Person, action: Action = Action.VIEW) -> QuerySet[Slice]:

@@ -1,6 +1,6 @@
-from django.urls import path
+from django.urls import include, path
+from django.views.generic import RedirectView
 
-from sessions import views
 from sessions.gpus import views as gpu_views
 from sessions.metrics import views as metric_views
 from sessions.notebooks import views as notebook_views
@@ -11,7 +11,8 @@ urlpatterns = [
     path("all/", notebook_views.all_sessions, name="session-all"),
     path("<int:session_id>/", metric_views.session_detail, name="session-detail"),
     path("<int:session_id>/stop/", notebook_views.stop, name="session-stop"),
-    path("render-jobs/", views.render_job_list, name="render-job-list"),
+    path("render-jobs/", include("sessions.render.urls")),
+    path("render/", RedirectView.as_view(pattern_name="render-job-list"), name="render"),
     path("fleet/", gpu_views.fleet_overview, name="fleet"),
     path("fleet/live/", metric_views.fleet_live, name="fleet-live"),
     path("fleet/live.json", metric_views.fleet_latest, name="fleet-latest"),

@@ -22,7 +22,7 @@ class LaunchForm(forms.Form):
         super().__init__(*args, **kwargs)
         offer_field = self.fields["offer"]
         assert isinstance(offer_field, forms.ChoiceField)
-        offer_field.choices = [(offer.key, _choice_label(offer)) for offer in offers]
+        offer_field.choices = [(offer.key, offer_choice_label(offer)) for offer in offers]
         self.offers = offers
         default = NotebookImage.objects.filter(enabled=True, default=True).first()
         if default:
@@ -35,7 +35,8 @@ class LaunchForm(forms.Form):
         return key
 
 
-def _choice_label(offer: Offer) -> str:
+def offer_choice_label(offer: Offer) -> str:
+    """An offer as a choice on a form: what it is, how many are free, its prices."""
     price = f" — {offer.price_per_hour}/h" if offer.price else ""
     if offer.price and offer.price.spot_per_hour:
         price += f", spot {offer.price.spot_per_hour}/h"

@@ -1,0 +1,128 @@
+"""The render upload form, the main-file choice of a zip with several scenes, and the staff's job filter.
+
+The scene field comes last: browsers send fields in page order, so the settings are read before the
+file streams in, and a refused upload still shows them as typed.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django import forms
+from django.conf import settings
+
+from sessions.gpus.models import Slice
+from sessions.notebooks.forms import offer_choice_label
+from sessions.notebooks.offers import Offer, request_for
+from sessions.render import frames
+from sessions.render.jobs import JobChoices
+from sessions.render.models import RenderJob
+from sessions.render.scenefile import size_words
+
+
+class RenderJobForm(forms.Form):
+    frames = forms.CharField(
+        label="Frames",
+        max_length=500,
+        initial="1",
+        help_text="A frame (<code>12</code>), a range (<code>1-250</code>), every n-th frame of a range "
+        "(<code>50-60x2</code>), or a list of those: <code>1-30, 45, 50-60x2</code>.",
+    )
+    resolution_percent = forms.IntegerField(
+        label="Resolution (% of the scene's)", min_value=1, max_value=100, initial=100
+    )
+    samples = forms.IntegerField(
+        label="Samples", min_value=1, max_value=65536, required=False, help_text="Empty: the scene's own setting."
+    )
+    output_format = forms.ChoiceField(label="Output format", choices=RenderJob.OutputFormat.choices)
+    offer = forms.ChoiceField(label="GPU slice")
+    spot = forms.BooleanField(required=False, label="Spot: cheaper, may be reclaimed (the chunk is rendered again)")
+    chunk_size = forms.IntegerField(
+        label="Frames per chunk", min_value=1, initial=4, help_text="Each chunk is one container run on one slice."
+    )
+    max_slices = forms.IntegerField(
+        label="Slices at once",
+        min_value=1,
+        initial=1,
+        help_text="Chunks go to whichever of the job's slices is free.",
+    )
+    main_file = forms.CharField(
+        label="Main .blend inside the zip",
+        max_length=1024,
+        required=False,
+        help_text="Only for a zip holding several .blend files, e.g. <code>shots/main.blend</code>; "
+        "leave it empty and you are asked after the upload.",
+    )
+    scene = forms.FileField(
+        label="Scene (.blend, or a .zip with its assets)",
+        allow_empty_file=True,  # an empty file gets the scene check's own words
+        widget=forms.ClearableFileInput(attrs={"accept": ".blend,.zip"}),
+    )
+
+    def __init__(self, *args: Any, offers: list[Offer], refusal: str = "", **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.offers, self.refusal = offers, refusal
+        offer_field = self.fields["offer"]
+        assert isinstance(offer_field, forms.ChoiceField)
+        offer_field.choices = [(offer.key, offer_choice_label(offer)) for offer in offers]
+        self.fields["scene"].help_text = f"At most {size_words(settings.RENDER_MAX_UPLOAD_BYTES)}."
+        if refusal:  # the body was stopped: the field is empty because of the refusal, which clean_scene says
+            self.fields["scene"].required = False
+
+    def clean_scene(self) -> Any:
+        if self.refusal:  # the upload handler stopped the body: say why, not that the field is empty
+            raise forms.ValidationError(self.refusal)
+        return self.cleaned_data["scene"]
+
+    def clean_frames(self) -> tuple[int, ...]:
+        try:
+            return frames.parse(self.cleaned_data["frames"], settings.RENDER_MAX_FRAMES)
+        except frames.FrameSpecError as error:
+            raise forms.ValidationError(str(error)) from None
+
+    def clean_offer(self) -> str:
+        key = str(self.cleaned_data["offer"])
+        if request_for(key) is None:
+            raise forms.ValidationError("Pick one of the listed GPU slices.")
+        return key
+
+    def clean_max_slices(self) -> int:
+        wanted = int(self.cleaned_data["max_slices"])
+        if wanted > settings.MAX_SLICES_PER_USER:
+            raise forms.ValidationError(f"A person holds at most {settings.MAX_SLICES_PER_USER} slices at once.")
+        return wanted
+
+    def choices(self) -> JobChoices:
+        data = self.cleaned_data
+        request = request_for(data["offer"])
+        assert request is not None
+        market = Slice.Market.SPOT if data["spot"] else Slice.Market.ON_DEMAND
+        return JobChoices(
+            frame_spec=self.data.get("frames", "").strip()[:500],
+            frames=data["frames"],
+            resolution_percent=data["resolution_percent"],
+            samples=data["samples"],
+            output_format=data["output_format"],
+            request=request,
+            market=market,
+            chunk_size=data["chunk_size"],
+            max_slices=data["max_slices"],
+            main_file=data["main_file"].strip(),
+        )
+
+
+class MainFileForm(forms.Form):
+    main_file = forms.ChoiceField(label="Which .blend is the scene?", widget=forms.RadioSelect)
+
+    def __init__(self, *args: Any, job: RenderJob, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        field = self.fields["main_file"]
+        assert isinstance(field, forms.ChoiceField)
+        field.choices = [(name, name) for name in job.blend_files]
+
+
+class JobFilterForm(forms.Form):
+    """Staff: everyone's jobs, narrowed to one person or one state."""
+
+    owner = forms.CharField(label="User", required=False, max_length=150)
+    state = forms.ChoiceField(label="State", required=False, choices=[("", "Any"), *RenderJob.State.choices])

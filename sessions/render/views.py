@@ -1,0 +1,163 @@
+"""The Render jobs page (upload form, the jobs list) and one job's page.
+
+The upload view installs the streaming upload handler before anything reads the body, which is why
+it is exempt from the CSRF middleware and checks the token itself, right after the body is parsed;
+whatever the handler stored is removed again unless a job was recorded for it.
+"""
+
+from __future__ import annotations
+
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.contrib.auth.models import User
+from django.http import HttpResponse
+from django.shortcuts import redirect, render
+from django.urls import reverse
+from django.views.decorators.csrf import csrf_exempt, csrf_protect
+from django.views.decorators.http import require_GET, require_POST
+from django_htmx.http import HttpResponseClientRedirect
+
+from portal.http import PortalRequest
+from portal.roles import can_launch, is_operator, launch_refusal
+from sessions import access
+from sessions.notebooks import pricing
+from sessions.notebooks.offers import offers
+from sessions.render import jobs
+from sessions.render.forms import JobFilterForm, MainFileForm, RenderJobForm
+from sessions.render.models import RenderJob
+from sessions.render.scenefile import SceneRefused
+from sessions.render.uploads import SceneUploadHandler, Upload
+
+PAGE = "sessions/render_job_list.html"
+DETAIL = "sessions/render_job_detail.html"
+LISTED = 50
+
+
+def _person(request: PortalRequest) -> User:
+    assert isinstance(request.user, User)
+    return request.user
+
+
+def _page(request: PortalRequest, form: RenderJobForm | None = None, status: int = 200) -> HttpResponse:
+    user = _person(request)
+    context: dict[str, object] = {
+        "jobs": _listed(request),
+        "everyone": is_operator(user),
+        "cancellable": RenderJob.BEFORE_QUEUE,
+    }
+    if is_operator(user):
+        context["filters"] = JobFilterForm(request.GET or None)
+    if not can_launch(user):
+        context["refusal"] = launch_refusal()
+    else:
+        context["form"] = form or RenderJobForm(offers=offers(user))
+        context["wallet"] = pricing.current().wallet(user)
+    target = request.htmx.target if request.htmx else None
+    if target in ("render-upload", "render-jobs"):
+        return render(request, f"{PAGE}#{target}", context, status=status)
+    return render(request, PAGE, context, status=status)
+
+
+def _listed(request: PortalRequest) -> list[RenderJob]:
+    """The person's own jobs; staff see everyone's, narrowed by the filter form."""
+    found = access.render_jobs_for(request.user).select_related("owner")
+    if is_operator(request.user):
+        filters = JobFilterForm(request.GET or None)
+        if filters.is_valid():
+            if filters.cleaned_data["owner"]:
+                found = found.filter(owner__username=filters.cleaned_data["owner"])
+            if filters.cleaned_data["state"]:
+                found = found.filter(state=filters.cleaned_data["state"])
+    return list(found.order_by("-created_at")[:LISTED])
+
+
+@login_required
+@require_GET
+def job_list(request: PortalRequest) -> HttpResponse:
+    return _page(request)
+
+
+@csrf_exempt  # checked by _upload once the handler is in place (csrf_protect)
+@login_required
+@require_POST
+def upload(request: PortalRequest) -> HttpResponse:
+    if not can_launch(request.user):
+        return _page(request, status=403)  # refused before a byte of the body is read
+    incoming = Upload(_person(request))
+    request.upload_handlers = [SceneUploadHandler(incoming, request)]
+    try:
+        return _upload(request, incoming)
+    finally:
+        incoming.discard_unless_kept()
+
+
+@csrf_protect
+def _upload(request: PortalRequest, incoming: Upload) -> HttpResponse:
+    user = _person(request)
+    form = RenderJobForm(request.POST, request.FILES, offers=offers(user), refusal=incoming.refusal)
+    if form.is_valid():
+        try:
+            job = jobs.create_job(user, incoming, form.choices())
+        except SceneRefused as refused:
+            form.add_error("scene", refused.message)
+        else:
+            messages.success(request, _next_step(job))
+            url = reverse("render-job-detail", args=[job.pk])
+            return HttpResponseClientRedirect(url) if request.htmx else redirect(url)
+    return _page(request, form, status=200 if request.htmx else 400)
+
+
+def _next_step(job: RenderJob) -> str:
+    if job.state == RenderJob.State.UPLOADED:
+        return f"{job.upload_name} is uploaded. It holds several .blend files: say which one is the scene."
+    return (
+        f"{job.upload_name} is checked. Next, a probe renders one frame to estimate the time and cost; "
+        "you confirm before the job is queued."
+    )
+
+
+@login_required
+@require_GET
+def job_detail(request: PortalRequest, job_id: int) -> HttpResponse:
+    job = access.render_job_for(request.user, job_id)
+    return _detail(request, job)
+
+
+def _detail(
+    request: PortalRequest, job: RenderJob, form: MainFileForm | None = None, status: int = 200
+) -> HttpResponse:
+    mine = job.owner_id == request.user.pk
+    context: dict[str, object] = {"job": job, "mine": mine, "cancellable": RenderJob.BEFORE_QUEUE}
+    if job.state == RenderJob.State.UPLOADED and mine:
+        context["main_form"] = form or MainFileForm(job=job)
+    return render(request, DETAIL, context, status=status)
+
+
+@login_required
+@require_POST
+def choose_main_file(request: PortalRequest, job_id: int) -> HttpResponse:
+    job = access.render_job_for(request.user, job_id, access.Action.CONFIGURE)
+    form = MainFileForm(request.POST, job=job)
+    if form.is_valid():
+        try:
+            job = jobs.choose_main_file(job.pk, form.cleaned_data["main_file"])
+        except (SceneRefused, RenderJob.BadStep) as refused:
+            form.add_error("main_file", str(refused))
+        else:
+            messages.success(request, _next_step(job))
+            return redirect("render-job-detail", job.pk)
+    return _detail(request, job, form, status=400)
+
+
+@login_required
+@require_POST
+def cancel(request: PortalRequest, job_id: int) -> HttpResponse:
+    """Its owner, or an operator, cancels a job; anyone else gets a 404."""
+    job = access.render_job_for(request.user, job_id, access.Action.STOP)
+    try:
+        jobs.cancel_before_queue(job.pk)
+    except RenderJob.BadStep as refused:
+        messages.error(request, str(refused))
+        return _detail(request, job, status=409)
+    messages.info(request, f"Cancelled {job.upload_name}; its files are removed.")
+    return redirect("render-job-list")
