@@ -7,13 +7,14 @@ engine, and runs, inspects and removes such containers.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
 import docker
 from django.conf import settings
-from docker.errors import DockerException, NotFound
+from docker.errors import APIError, DockerException, NotFound
 from docker.types import IPAMConfig, IPAMPool
 
 from sessions.gpus.models import Slice
@@ -33,6 +34,16 @@ class ContainerState:
     finished_at: datetime | None
     exit_code: int | None = None
     oom_killed: bool = False
+    started_at: datetime | None = None
+
+    @classmethod
+    def of(cls, attrs: dict[str, Any]) -> ContainerState:
+        """The state in a container's inspect document."""
+        state = attrs["State"]
+        finished = engine_time(str(state.get("FinishedAt", "")))
+        exit_code = None if state.get("Running") or finished is None else int(state.get("ExitCode", 0))
+        started = engine_time(str(state.get("StartedAt", "")))
+        return cls(bool(state.get("Running")), finished, exit_code, bool(state.get("OOMKilled")), started)
 
 
 def ours(*labels: str) -> dict[str, list[str]]:
@@ -67,6 +78,59 @@ class DockerRuntime:
         except DockerException as error:
             raise RuntimeError_(f"starting a container for slice {taken.pk} failed: {error}") from None
         return str(container.id)
+
+    def start(self, spec: ContainerSpec, command: list[str], **overrides: Any) -> str:
+        """Create and start a container of the spec (its CPUs cut to the host's) running ``command``;
+        returns its id. If it cannot start, no container is left behind."""
+        options = container_options(spec.with_cpus_at_most(self.host_cpus()), command=command, **overrides)
+        created = None
+        try:
+            created = self.client.containers.create(**options)
+            created.start()
+        except DockerException as error:
+            if created is not None:
+                self.remove(str(created.id))
+            raise RuntimeError_(f"starting a container of {spec.image} failed: {error}") from None
+        return str(created.id)
+
+    def output_lines(self, container_id: str, longest: int = 64 * 1024) -> Iterator[str]:
+        """What a container prints, stdout and stderr as they interleave, line by line as it comes, until
+        it exits. A line longer than ``longest`` bytes comes in pieces: a program cannot make us hold more."""
+        pending = b""
+        try:
+            for chunk in self.client.containers.get(container_id).logs(stream=True, follow=True):
+                pending += chunk
+                *lines, pending = pending.split(b"\n")
+                while len(pending) > longest:
+                    lines.append(pending[:longest])
+                    pending = pending[longest:]
+                yield from (line.decode(errors="replace") for line in lines)
+        except DockerException as error:
+            raise RuntimeError_(f"reading the output of container {container_id[:12]} failed: {error}") from None
+        if pending:
+            yield pending.decode(errors="replace")
+
+    def kill(self, container_id: str) -> bool:
+        """Kill a container at once (SIGKILL); False if it had already stopped or gone."""
+        try:
+            self.client.containers.get(container_id).kill()
+        except NotFound:
+            return False
+        except APIError as error:
+            if error.status_code == 409:  # not running
+                return False
+            raise RuntimeError_(f"killing container {container_id[:12]} failed: {error}") from None
+        return True
+
+    def exit_of(self, container_id: str, timeout: float = 30) -> ContainerState:
+        """Wait for a container to exit, then its state as the engine recorded it."""
+        try:
+            container = self.client.containers.get(container_id)
+            container.wait(timeout=timeout)
+            container.reload()
+        except DockerException as error:
+            raise RuntimeError_(f"waiting for container {container_id[:12]} failed: {error}") from None
+        return ContainerState.of(container.attrs)
 
     def host_cpus(self) -> int:
         """CPUs of the engine's host: no container may ask for more."""
@@ -118,12 +182,7 @@ class DockerRuntime:
     def container_state(self, session_id: int) -> ContainerState | None:
         """Whether a session's container runs, and when it stopped; None if there is none."""
         found = self.client.containers.list(all=True, filters=ours(f"{LABEL_PREFIX}.session={session_id}"))
-        if not found:
-            return None
-        state = found[0].attrs["State"]
-        finished = engine_time(str(state.get("FinishedAt", "")))
-        exit_code = None if state.get("Running") or finished is None else int(state.get("ExitCode", 0))
-        return ContainerState(bool(state.get("Running")), finished, exit_code, bool(state.get("OOMKilled")))
+        return ContainerState.of(found[0].attrs) if found else None
 
     def died_at(self, session_id: int, since: datetime) -> datetime | None:
         """When the engine saw a session's container die, from its event log: right even after the

@@ -1,0 +1,197 @@
+"""What we ask Blender, and how: its command lines and the Python it runs for us inside the render sandbox.
+
+Pure (no Django, no Docker). Every run is ``blender -b -Y --factory-startup``: background, the file's own
+scripts (registered text blocks, scripted drivers) never run, no user preferences. Our own Python, given on
+the command line, prints what it found on lines that start with a mark made afresh for each run, which the
+scene cannot know and so cannot forge (``sessions.runtime.blender_log`` reads them).
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import PurePosixPath
+
+BLENDER = "blender"
+SAFE_FLAGS = ("-b", "-Y", "--factory-startup")
+# Blender's C output to a pipe is block-buffered, flushed at each progress line: line-buffered, an error
+# arrives when it is printed and after the lines that led to it, not with the next flush.
+LINE_BUFFERED = ("stdbuf", "-oL", "-eL")
+SCENE_DIR = "/scene"  # the uploaded scene, mounted read-only
+OUTPUT_DIR = "/out"  # the one writable place
+FRAME_NAME = "frame_######"  # Blender writes /out/frame_000001.png
+MAX_FRAME = 1_048_574  # Blender's MAXFRAME
+FORMATS = {"PNG": "png", "OPEN_EXR": "exr"}  # Blender's file format -> the extension it writes
+PYTHON_FAILED = 3  # Blender's exit status when our Python raises (--python-exit-code)
+
+# Runs inside Blender after the scene is loaded. It reads the options from the argument after "--",
+# prints the scene's facts first (before changing anything), then, for a render, sets Cycles up: no
+# denoising (Debian's build has no OpenImageDenoise, and a denoising scene fails), our samples and
+# resolution, and the first GPU backend that has a device, else the CPU; it says which.
+IN_BLENDER = r"""
+import json, sys
+import bpy
+
+options = json.loads(sys.argv[sys.argv.index("--") + 1])
+scene = bpy.context.scene
+
+def say(kind, value):
+    print(options["mark"], kind, json.dumps(value, separators=(",", ":")), flush=True)
+
+cycles = getattr(scene, "cycles", None)
+say("facts", {
+    "file": bpy.data.filepath,
+    "version": list(bpy.data.version),
+    "scene": scene.name,
+    "scenes": len(bpy.data.scenes),
+    "frame_start": scene.frame_start,
+    "frame_end": scene.frame_end,
+    "frame_step": scene.frame_step,
+    "fps": scene.render.fps / scene.render.fps_base,
+    "resolution_x": scene.render.resolution_x,
+    "resolution_y": scene.render.resolution_y,
+    "resolution_percentage": scene.render.resolution_percentage,
+    "engine": scene.render.engine,
+    "camera": scene.camera is not None,
+    "samples": cycles.samples if cycles is not None else None,
+    "file_format": scene.render.image_settings.file_format,
+})
+
+if options["render"]:
+    scene.render.engine = "CYCLES"
+    scene.cycles.use_denoising = False
+    for layer in scene.view_layers:
+        if hasattr(layer, "cycles"):
+            layer.cycles.use_denoising = False
+    if scene.node_tree is not None:
+        for node in scene.node_tree.nodes:
+            if node.type == "DENOISE":
+                node.mute = True
+    if options["samples"]:
+        scene.cycles.samples = options["samples"]
+    if options["percentage"]:
+        scene.render.resolution_percentage = options["percentage"]
+    if options["only_frame"] is not None:
+        frame = scene.frame_start if options["only_frame"] < 0 else options["only_frame"]
+        scene.frame_start = scene.frame_end = frame
+        scene.frame_step = 1
+    used = "CPU"
+    preferences = bpy.context.preferences.addons["cycles"].preferences
+    for kind in options["gpu"]:
+        try:
+            preferences.compute_device_type = kind
+        except TypeError:
+            continue  # this build has no such backend
+        getattr(preferences, "refresh_devices", preferences.get_devices)()
+        if any(device.type == kind for device in preferences.devices):
+            for device in preferences.devices:
+                device.use = device.type == kind
+            used = kind
+            break
+    scene.cycles.device = "CPU" if used == "CPU" else "GPU"
+    say("device", used)
+"""
+
+
+def new_mark() -> str:
+    return f"gpu-portal-{secrets.token_hex(8)}"
+
+
+def frame_argument(frames: Sequence[int]) -> str:
+    """Frames as Blender's ``-f`` takes them, ascending runs as ranges: ``1..3,7,9..12``."""
+    ordered = sorted(set(frames))
+    if not ordered:
+        raise ValueError("no frames to render")
+    if ordered[0] < 0 or ordered[-1] > MAX_FRAME:
+        raise ValueError(f"frames must lie between 0 and {MAX_FRAME}")
+    runs: list[list[int]] = []
+    for frame in ordered:
+        if runs and frame == runs[-1][-1] + 1:
+            runs[-1].append(frame)
+        else:
+            runs.append([frame])
+    return ",".join(str(run[0]) if len(run) == 1 else f"{run[0]}..{run[-1]}" for run in runs)
+
+
+def scene_path(blend: str) -> str:
+    """Where the main .blend lies inside the sandbox; refuses a path that could leave the scene folder."""
+    path = PurePosixPath(blend)
+    if path.is_absolute() or not path.parts or ".." in path.parts or path.suffix.lower() != ".blend":
+        raise ValueError(f"not a .blend inside the scene folder: {blend!r}")
+    return str(PurePosixPath(SCENE_DIR) / path)
+
+
+def frame_file(frame: int, file_format: str = "PNG") -> str:
+    """The name Blender gives a frame's file in the output folder."""
+    return f"{FRAME_NAME.rstrip('#')}{frame:0{FRAME_NAME.count('#')}d}.{FORMATS[file_format]}"
+
+
+@dataclass(frozen=True)
+class RenderSettings:
+    """How to render: optional samples and resolution overrides, the output format, and the Cycles GPU
+    backends to try in order (none: the CPU, as where the GPU is simulated)."""
+
+    samples: int | None = None
+    percentage: int | None = None
+    file_format: str = "PNG"
+    gpu: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.file_format not in FORMATS:
+            raise ValueError(f"output format must be one of {', '.join(FORMATS)}")
+        if self.samples is not None and not 1 <= self.samples <= 1 << 24:
+            raise ValueError("samples must lie between 1 and 16777216")
+        if self.percentage is not None and not 1 <= self.percentage <= 100:
+            raise ValueError("resolution percentage must lie between 1 and 100")
+
+
+def cycles_gpu(simulated: bool) -> tuple[str, ...]:
+    """The Cycles backends a slice's GPU is tried with: none where the GPU is simulated (there is no
+    device to find, Cycles renders on the CPU), OptiX then CUDA on a real one."""
+    return () if simulated else ("OPTIX", "CUDA")
+
+
+def _options(mark: str, *, render: RenderSettings | None = None, only_frame: int | None = None) -> str:
+    return json.dumps(
+        {
+            "mark": mark,
+            "render": render is not None,
+            "samples": render.samples if render else None,
+            "percentage": render.percentage if render else None,
+            "gpu": list(render.gpu) if render else [],
+            "only_frame": only_frame,
+        }
+    )
+
+
+def _start(blend: str) -> list[str]:
+    return [*LINE_BUFFERED, BLENDER, *SAFE_FLAGS, scene_path(blend)]
+
+
+def _python(options: str) -> tuple[list[str], list[str]]:
+    """Our Python (it must come before -f or -a) and, last of all, its options."""
+    return ["--python-exit-code", str(PYTHON_FAILED), "--python-expr", IN_BLENDER], ["--", options]
+
+
+def _output(file_format: str, threads: int) -> list[str]:
+    return ["-o", f"{OUTPUT_DIR}/{FRAME_NAME}", "-F", file_format, "-x", "1", "-t", str(max(1, threads))]
+
+
+def facts_command(blend: str, mark: str) -> list[str]:
+    """Read the scene's facts and render nothing."""
+    python, options = _python(_options(mark))
+    return [*_start(blend), *python, *options]
+
+
+def render_command(blend: str, frames: Sequence[int], settings: RenderSettings, mark: str, threads: int) -> list[str]:
+    """Render frames into the output folder (facts first, then Cycles set up, then the frames)."""
+    python, options = _python(_options(mark, render=settings))
+    return [*_start(blend), *_output(settings.file_format, threads), *python, "-f", frame_argument(frames), *options]
+
+
+def probe_command(blend: str, settings: RenderSettings, mark: str, threads: int, frame: int | None = None) -> list[str]:
+    """Render one frame, the scene's first unless told (which one that is is known only once it is read)."""
+    python, options = _python(_options(mark, render=settings, only_frame=-1 if frame is None else frame))
+    return [*_start(blend), *_output(settings.file_format, threads), *python, "-a", *options]

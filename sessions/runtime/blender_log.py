@@ -1,0 +1,206 @@
+"""Reading what Blender prints while it renders: progress, finished frames, timings, errors, our marked lines.
+
+Pure (no Django, no Docker). ``BlenderLog.feed`` takes one line at a time as the container prints it and
+returns what the line means, if anything; the log keeps what a job needs afterwards (saved frames, each
+frame's timing, the scripts Blender refused to run, an excerpt that explains a failure). Scene facts come
+from our own Python's marked line and are checked here: a file's contents are untrusted.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+# Fra:1 Mem:9.62M (Peak 9.63M) | Time:00:00.41 | Remaining:00:00.03 | Mem:1.20M, Peak:1.20M | Scene, ViewLayer
+#   | Sample 1/4
+_FRA = re.compile(r"^Fra:(?P<frame>-?\d+) ")
+_ELAPSED = re.compile(r"\| Time:(?P<time>[\d:.]+) \|")
+_SAMPLE = re.compile(r"Sample (?P<sample>\d+)/(?P<samples>\d+)")
+_SAVED = re.compile(r"^Saved: '(?P<path>.*)'$")
+#  Time: 00:00.61 (Saving: 00:00.01)
+_FRAME_TIME = re.compile(r"^\s*Time: (?P<time>[\d:.]+) \(Saving: (?P<saving>[\d:.]+)\)")
+# Blender's own errors, and the last line of a Python traceback.
+_ERROR = re.compile(r"^(Error: |[A-Za-z_.]*(Error|Exception): )")
+# With scripts disabled (-Y), Blender skips a file's registered text blocks, and evaluates a scripted
+# driver only as a restricted expression, refusing any name outside its few math functions.
+_SKIPPED_TEXT = re.compile(r"^scripts disabled for \".*\", skipping '(?P<name>.*)'$")
+_SKIPPED_DRIVER = re.compile(r"^Error in PyDriver: expression failed: (?P<name>.*)$")
+CONTEXT_LINES = 3
+CLOCK = 0.01  # Blender prints times to the hundredth of a second
+EXCERPT_LINES = 20
+
+
+def seconds(text: str) -> float | None:
+    """Blender's ``[HH:]MM:SS.ss`` as seconds; None if it is not that."""
+    parts = text.split(":")
+    if not 2 <= len(parts) <= 3:
+        return None
+    try:
+        values = [float(part) for part in parts]
+    except ValueError:
+        return None
+    total = 0.0
+    for value in values:
+        total = total * 60 + value
+    return round(total, 3)
+
+
+@dataclass(frozen=True)
+class Progress:
+    """A ``Fra:`` line: the frame being rendered, the sample reached (None while it prepares), what it does."""
+
+    frame: int
+    elapsed: float | None
+    sample: int | None
+    samples: int | None
+    status: str
+
+
+@dataclass(frozen=True)
+class FrameSaved:
+    frame: int | None
+    path: str
+
+
+@dataclass(frozen=True)
+class BlenderError:
+    message: str
+
+
+@dataclass(frozen=True)
+class Marked:
+    """A line of our own Python, after its mark: ``facts {...}``, ``device CPU``."""
+
+    kind: str
+    value: Any
+
+
+Event = Progress | FrameSaved | BlenderError | Marked
+
+
+@dataclass
+class FrameTiming:
+    """How long a frame took: until its first sample (scene sync, BVH, kernels), until it finished
+    sampling, and in all with saving, as Blender measured them (seconds)."""
+
+    frame: int
+    prepared: float | None = None
+    rendered: float | None = None
+    total: float | None = None
+
+    def at_samples(self, samples: int, measured_samples: int) -> float | None:
+        """This frame's time had it been sampled ``samples`` times: the preparation stays, the sampling
+        scales. Sampling faster than Blender's clock (10 ms) counts as 10 ms: the estimate errs high."""
+        if self.total is None:
+            return None
+        prepared = self.prepared if self.prepared is not None else 0.0
+        rendered = self.rendered if self.rendered is not None else self.total
+        sampling = max(CLOCK, rendered - prepared)
+        return round(self.total + sampling * (samples / max(1, measured_samples) - 1), 3)
+
+
+@dataclass
+class BlenderLog:
+    """Blender's output, read line by line. ``mark`` is the run's mark (``blender.new_mark``)."""
+
+    mark: str | None = None
+    tail_lines: int = 40
+    current: Progress | None = None
+    saved: list[FrameSaved] = field(default_factory=list)
+    timings: dict[int, FrameTiming] = field(default_factory=dict)
+    errors: list[str] = field(default_factory=list)
+    skipped_scripts: list[str] = field(default_factory=list)
+    marked: list[Marked] = field(default_factory=list)
+    tail: deque[str] = field(init=False)
+    _excerpt: list[str] = field(default_factory=list, init=False)
+
+    def __post_init__(self) -> None:
+        self.tail = deque(maxlen=self.tail_lines)
+
+    def feed(self, line: str) -> Event | None:
+        line = line.rstrip("\r\n")
+        event = self._marked(line) or self._event(line)
+        if not isinstance(event, Marked):
+            self._keep(line, isinstance(event, BlenderError))
+        return event
+
+    def _marked(self, line: str) -> Marked | None:
+        if not self.mark or not line.startswith(f"{self.mark} "):
+            return None
+        kind, _, text = line[len(self.mark) + 1 :].partition(" ")
+        try:
+            value = json.loads(text)
+        except ValueError:
+            value = None
+        found = Marked(kind, value)
+        self.marked.append(found)
+        return found
+
+    def _event(self, line: str) -> Event | None:
+        if fra := _FRA.match(line):
+            return self._progress(int(fra["frame"]), line)
+        if saved := _SAVED.match(line):
+            frame = self.current.frame if self.current else None
+            found = FrameSaved(frame, saved["path"])
+            self.saved.append(found)
+            return found
+        if (took := _FRAME_TIME.match(line)) and self.current:
+            self._timing(self.current.frame).total = seconds(took["time"])
+            return None
+        if _ERROR.match(line):
+            self.errors.append(line)
+            return BlenderError(line)
+        if skipped := _SKIPPED_TEXT.match(line) or _SKIPPED_DRIVER.match(line):
+            self.skipped_scripts.append(skipped["name"])
+        return None
+
+    def _progress(self, frame: int, line: str) -> Progress:
+        elapsed_match = _ELAPSED.search(line)
+        elapsed = seconds(elapsed_match["time"]) if elapsed_match else None
+        sample = _SAMPLE.search(line)
+        status = line.rsplit("|", 1)[-1].strip()
+        progress = Progress(
+            frame,
+            elapsed,
+            int(sample["sample"]) if sample else None,
+            int(sample["samples"]) if sample else None,
+            status,
+        )
+        timing = self._timing(frame)
+        if progress.sample is not None and timing.prepared is None:
+            timing.prepared = elapsed
+        if status == "Finished":
+            timing.rendered = elapsed
+        self.current = progress
+        return progress
+
+    def _timing(self, frame: int) -> FrameTiming:
+        return self.timings.setdefault(frame, FrameTiming(frame))
+
+    def _keep(self, line: str, is_error: bool) -> None:
+        """The tail, and the excerpt: each error with the lines just before it, once."""
+        if is_error:
+            for before in list(self.tail)[-CONTEXT_LINES:]:
+                if before not in self._excerpt[-CONTEXT_LINES - 1 :]:
+                    self._excerpt.append(before)
+            self._excerpt.append(line)
+        self.tail.append(line)
+
+    def excerpt(self, lines: int = EXCERPT_LINES) -> str:
+        """The lines that explain a failure: Blender's errors with their context, else the last lines."""
+        chosen = self._excerpt if self._excerpt else list(self.tail)
+        return "\n".join(chosen[-lines:])
+
+    def last(self, kind: str) -> Marked | None:
+        found = [item for item in self.marked if item.kind == kind]
+        return found[-1] if found else None
+
+    def only(self, kind: str) -> Marked:
+        """The one marked line of this kind; ValueError if there is none or more than one."""
+        found = [item for item in self.marked if item.kind == kind]
+        if len(found) != 1:
+            raise ValueError(f"Blender printed {len(found)} '{kind}' lines, not one")
+        return found[0]

@@ -1,0 +1,354 @@
+"""Blender in the render sandbox: the container that reads, probes or renders an uploaded scene.
+
+The sandbox is the slice's container spec (its GPU device request, CPU/memory/process limits, no network,
+no capabilities, no privilege gain) plus: a read-only root, the scene folder mounted read-only at /scene,
+one output folder at /out the only writable place (and a small tmpfs /tmp), a non-root user, and a
+wall-time limit past which the container is killed. Every container is removed when its run ends.
+Blender runs with the file's scripts disabled and factory settings (``sessions.runtime.blender``).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from sessions.runtime import blender
+from sessions.runtime.blender import RenderSettings
+from sessions.runtime.blender_log import BlenderLog, Event, FrameTiming
+from sessions.runtime.docker import DockerRuntime
+from sessions.runtime.scene_facts import SceneFacts
+from sessions.runtime.spec import LABEL_PREFIX, ContainerSpec
+
+RENDER_IMAGE = "gpu-portal/render:latest"  # built by compose/bin/build-render-image
+RENDER_UID = 10000  # the image's `render` user (compose/images/render/Dockerfile)
+TMP = "/tmp"  # noqa: S108 (the container's own: a small tmpfs, gone with it)
+TMP_SIZE = "512m"
+PURPOSE_LABEL = f"{LABEL_PREFIX}.render"  # what a render container does: facts, probe, frames
+PROBE_SAMPLES = 4
+
+OnLine = Callable[[str, Event | None], None]
+OnStart = Callable[[str], None]
+
+
+class SceneUnreadable(Exception):
+    """Blender could not read the scene; ``excerpt`` is its own explanation."""
+
+    def __init__(self, message: str, excerpt: str) -> None:
+        super().__init__(message)
+        self.excerpt = excerpt
+
+
+@dataclass(frozen=True)
+class Scene:
+    """An uploaded scene on this host: its folder and the main .blend inside it."""
+
+    folder: Path
+    blend: str
+
+    def __post_init__(self) -> None:
+        blender.scene_path(self.blend)  # refuses absolute paths and ..
+        if not (self.folder / self.blend).is_file():
+            raise FileNotFoundError(f"no {self.blend} in {self.folder}")
+
+    @property
+    def inside(self) -> str:
+        """The .blend's path in the sandbox."""
+        return blender.scene_path(self.blend)
+
+
+def container_user() -> str:
+    """Who Blender runs as: the image's `render` user where the portal runs as root, else the portal's own
+    user (never root either way)."""
+    uid = os.geteuid()
+    return f"{RENDER_UID}:{RENDER_UID}" if uid == 0 else f"{uid}:{os.getegid()}"
+
+
+def hand_over(scene_folder: Path, output: Path | None) -> None:
+    """Let the container's user read the scene and write the output folder (only needed as root: otherwise
+    it is the portal's own user). The scene's files join the `render` group, readable, never writable."""
+    if os.geteuid() != 0:
+        return
+    if output is not None:
+        os.chown(output, RENDER_UID, RENDER_UID)
+        output.chmod(0o700)
+    for folder, _, files in os.walk(scene_folder):
+        for path in [Path(folder), *(Path(folder) / name for name in files)]:
+            if path.is_symlink():
+                continue
+            mode = path.stat().st_mode
+            os.chown(path, -1, RENDER_UID, follow_symlinks=False)
+            path.chmod((mode | 0o040 | (0o010 if path.is_dir() else 0)) & ~0o020)
+
+
+def sandbox_options(scene_folder: Path, output: Path | None) -> dict[str, Any]:
+    """What the render sandbox adds to a slice's container spec (``DockerRuntime.start`` overrides)."""
+    volumes = {str(scene_folder.resolve()): {"bind": blender.SCENE_DIR, "mode": "ro"}}
+    if output is not None:
+        volumes[str(output.resolve())] = {"bind": blender.OUTPUT_DIR, "mode": "rw"}
+    return {
+        "volumes": volumes,
+        "read_only": True,
+        "tmpfs": {TMP: f"rw,noexec,nosuid,nodev,size={TMP_SIZE},mode=1777"},
+        "user": container_user(),
+        "environment": {"HOME": TMP, "PYTHONDONTWRITEBYTECODE": "1"},
+        "working_dir": TMP,
+    }
+
+
+@dataclass(frozen=True)
+class Exit:
+    """How a sandboxed run ended, as the engine recorded it."""
+
+    exit_code: int | None
+    timed_out: bool
+    oom_killed: bool
+    started_at: datetime | None
+    finished_at: datetime | None
+    wall_s: float
+
+    def failure(self, wall_time_s: float, memory_bytes: int) -> str | None:
+        if self.timed_out:
+            return f"stopped: it ran past its wall-time limit of {wall_time_s:g} s"
+        if self.oom_killed:
+            return f"stopped: it ran out of memory (limit {memory_bytes / 1024**3:.1f} GiB)"
+        if self.exit_code:
+            return f"Blender exited with status {self.exit_code}"
+        return None
+
+
+def run_sandboxed(
+    runtime: DockerRuntime,
+    spec: ContainerSpec,
+    command: list[str],
+    *,
+    scene_folder: Path,
+    output: Path | None,
+    wall_time_s: float,
+    purpose: str,
+    on_line: Callable[[str], object] | None = None,
+    on_start: OnStart | None = None,
+) -> Exit:
+    """Run a command in the sandbox, streaming its lines, killing it past ``wall_time_s``; always removed."""
+    hand_over(scene_folder, output)
+    overrides = sandbox_options(scene_folder, output)
+    began = time.monotonic()
+    container_id = runtime.start(spec, command, labels={**spec.labels, PURPOSE_LABEL: purpose}, **overrides)
+    killed = threading.Event()
+
+    def past_limit() -> None:
+        if runtime.kill(container_id):
+            killed.set()
+
+    watchdog = threading.Timer(wall_time_s, past_limit)
+    watchdog.daemon = True
+    watchdog.start()
+    try:
+        if on_start is not None:
+            on_start(container_id)
+        for line in runtime.output_lines(container_id):
+            if on_line is not None:
+                on_line(line)
+        state = runtime.exit_of(container_id)
+    finally:
+        watchdog.cancel()
+        runtime.remove(container_id)
+    return Exit(
+        state.exit_code,
+        killed.is_set(),
+        state.oom_killed,
+        state.started_at,
+        state.finished_at,
+        round(time.monotonic() - began, 3),
+    )
+
+
+@dataclass(frozen=True)
+class RenderResult:
+    """One render run: how it ended, what Blender said, which frames were saved where."""
+
+    exit: Exit
+    frames: tuple[int, ...]
+    saved: dict[int, Path]
+    log: BlenderLog = field(repr=False)
+    failure: str | None
+    device: str | None
+
+    @property
+    def ok(self) -> bool:
+        return self.failure is None
+
+    @property
+    def missing(self) -> tuple[int, ...]:
+        return tuple(frame for frame in self.frames if frame not in self.saved)
+
+
+def threads_for(spec: ContainerSpec, runtime: DockerRuntime) -> int:
+    """Cycles' threads: the slice's CPUs (left alone, it would start one per host core and be throttled)."""
+    return max(1, math.ceil(spec.with_cpus_at_most(runtime.host_cpus()).limits.cpus))
+
+
+def _saved_frames(log: BlenderLog, output: Path, frames: tuple[int, ...], file_format: str) -> dict[int, Path]:
+    """Frames Blender said it saved whose files are in the output folder under the names we asked for."""
+    said = {PurePosixPath(item.path).name for item in log.saved if item.path.startswith(f"{blender.OUTPUT_DIR}/")}
+    found: dict[int, Path] = {}
+    for frame in frames:
+        name = blender.frame_file(frame, file_format)
+        if name in said and (output / name).is_file():
+            found[frame] = output / name
+    return found
+
+
+def _streamed(log: BlenderLog, on_line: OnLine | None) -> Callable[[str], None]:
+    def fed(line: str) -> None:
+        event = log.feed(line)
+        if on_line is not None:
+            on_line(line, event)
+
+    return fed
+
+
+def _device(log: BlenderLog) -> str | None:
+    found = log.last("device")
+    return found.value if found is not None and isinstance(found.value, str) else None
+
+
+def render(
+    runtime: DockerRuntime,
+    spec: ContainerSpec,
+    scene: Scene,
+    output: Path,
+    frames: tuple[int, ...],
+    settings: RenderSettings,
+    *,
+    wall_time_s: float,
+    on_line: OnLine | None = None,
+    on_start: OnStart | None = None,
+) -> RenderResult:
+    """Render frames of a scene into ``output`` on the spec's slice; fails (``failure`` in words, the log's
+    excerpt) unless Blender exited cleanly and every frame's file is there."""
+    mark = blender.new_mark()
+    log = BlenderLog(mark)
+    command = blender.render_command(scene.blend, frames, settings, mark, threads_for(spec, runtime))
+    ended = run_sandboxed(
+        runtime,
+        spec,
+        command,
+        scene_folder=scene.folder,
+        output=output,
+        wall_time_s=wall_time_s,
+        purpose="frames",
+        on_line=_streamed(log, on_line),
+        on_start=on_start,
+    )
+    saved = _saved_frames(log, output, frames, settings.file_format)
+    failure = ended.failure(wall_time_s, spec.limits.memory_bytes)
+    if failure is None and len(saved) < len(frames):
+        failure = _explained(f"{len(frames) - len(saved)} of {len(frames)} frames were not saved", log)
+    return RenderResult(ended, frames, saved, log, failure, _device(log))
+
+
+def _explained(failure: str, log: BlenderLog) -> str:
+    """A failure with Blender's first error line, where it printed one."""
+    return f"{failure} ({log.errors[0]})" if log.errors else failure
+
+
+def _facts(log: BlenderLog, scene: Scene, ended: Exit, wall_time_s: float, memory: int) -> SceneFacts:
+    try:
+        return SceneFacts.from_json(log.only("facts").value, scene.inside)
+    except ValueError as error:  # SceneFactsError among them
+        reason = ended.failure(wall_time_s, memory) if ended.timed_out or ended.oom_killed else None
+        reason = reason or (log.errors[0] if log.errors else str(error))
+        raise SceneUnreadable(f"Blender could not read {scene.blend}: {reason}", log.excerpt()) from None
+
+
+def read_scene(runtime: DockerRuntime, spec: ContainerSpec, scene: Scene, *, wall_time_s: float = 120) -> SceneFacts:
+    """The scene's facts, read by Blender in the sandbox; SceneUnreadable with Blender's own words if not."""
+    mark = blender.new_mark()
+    log = BlenderLog(mark)
+    ended = run_sandboxed(
+        runtime,
+        spec,
+        blender.facts_command(scene.blend, mark),
+        scene_folder=scene.folder,
+        output=None,
+        wall_time_s=wall_time_s,
+        purpose="facts",
+        on_line=log.feed,
+    )
+    facts = _facts(log, scene, ended, wall_time_s, spec.limits.memory_bytes)
+    if ended.exit_code:
+        raise SceneUnreadable(f"Blender could not read {scene.blend}: exit status {ended.exit_code}", log.excerpt())
+    return facts
+
+
+@dataclass(frozen=True)
+class Probe:
+    """One frame rendered at few samples: the scene's facts and what a frame costs."""
+
+    facts: SceneFacts
+    result: RenderResult
+    frame: int
+    samples: int
+    timing: FrameTiming
+
+    @property
+    def seconds_per_frame(self) -> float:
+        """As measured, at the probe's samples."""
+        return self.timing.total or self.result.exit.wall_s
+
+    def seconds_at(self, samples: int | None) -> float:
+        """A frame's time at ``samples`` samples (None: the scene's own): the preparation stays, the
+        sampling scales."""
+        wanted = samples or self.facts.samples or self.samples
+        return self.timing.at_samples(wanted, self.samples) or self.seconds_per_frame * wanted / self.samples
+
+    @property
+    def overhead_s(self) -> float:
+        """What a container run costs beyond its frame: start, Blender's start, reading the file."""
+        return max(0.0, round(self.result.exit.wall_s - self.seconds_per_frame, 3))
+
+
+def probe(
+    runtime: DockerRuntime,
+    spec: ContainerSpec,
+    scene: Scene,
+    output: Path,
+    settings: RenderSettings,
+    *,
+    frame: int | None = None,
+    samples: int = PROBE_SAMPLES,
+    wall_time_s: float = 300,
+) -> Probe:
+    """Read the scene and render one frame of it (its first unless told) at ``samples`` samples, with the
+    job's other settings; SceneUnreadable, with Blender's own words, if it cannot."""
+    mark = blender.new_mark()
+    log = BlenderLog(mark)
+    low = RenderSettings(samples, settings.percentage, settings.file_format, settings.gpu)
+    command = blender.probe_command(scene.blend, low, mark, threads_for(spec, runtime), frame)
+    ended = run_sandboxed(
+        runtime,
+        spec,
+        command,
+        scene_folder=scene.folder,
+        output=output,
+        wall_time_s=wall_time_s,
+        purpose="probe",
+        on_line=log.feed,
+    )
+    facts = _facts(log, scene, ended, wall_time_s, spec.limits.memory_bytes)
+    rendered = facts.frame_start if frame is None else frame
+    saved = _saved_frames(log, output, (rendered,), low.file_format)
+    failure = ended.failure(wall_time_s, spec.limits.memory_bytes)
+    if failure is None and not saved:
+        failure = _explained("the frame was not saved", log)
+    result = RenderResult(ended, (rendered,), saved, log, failure, _device(log))
+    if failure is not None:
+        raise SceneUnreadable(f"the probe render of {scene.blend} failed: {failure}", log.excerpt())
+    return Probe(facts, result, rendered, samples, log.timings.get(rendered, FrameTiming(rendered)))

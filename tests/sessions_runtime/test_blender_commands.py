@@ -1,0 +1,139 @@
+"""What we ask Blender (command lines) and what we accept as a scene's facts: pure, no engine."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from sessions.runtime import blender
+from sessions.runtime.blender import RenderSettings, cycles_gpu, frame_argument, frame_file, scene_path
+from sessions.runtime.scene_facts import SceneFacts, SceneFactsError
+
+FACTS: dict[str, Any] = {
+    "file": "/scene/shot/main.blend",
+    "version": [3, 4, 1],
+    "scene": "Scene",
+    "scenes": 1,
+    "frame_start": 1,
+    "frame_end": 250,
+    "frame_step": 1,
+    "fps": 24.0,
+    "resolution_x": 1920,
+    "resolution_y": 1080,
+    "resolution_percentage": 50,
+    "engine": "BLENDER_EEVEE",
+    "camera": True,
+    "samples": 4096,
+    "file_format": "PNG",
+}
+
+
+def test_frames_are_given_to_blender_as_ascending_runs() -> None:
+    assert frame_argument([3, 1, 2, 7, 9, 10, 11, 12, 7]) == "1..3,7,9..12"
+    assert frame_argument([5]) == "5"
+
+
+@pytest.mark.parametrize("frames", [[], [-1], [blender.MAX_FRAME + 1]])
+def test_no_frames_negative_frames_or_frames_beyond_blenders_maximum_are_refused(frames: list[int]) -> None:
+    with pytest.raises(ValueError):
+        frame_argument(frames)
+
+
+@pytest.mark.parametrize("blend", ["/etc/passwd.blend", "../other/x.blend", "a/../../x.blend", "scene.py", ""])
+def test_a_main_file_outside_the_scene_folder_or_not_a_blend_is_refused(blend: str) -> None:
+    with pytest.raises(ValueError):
+        scene_path(blend)
+
+
+def test_the_main_file_lies_under_the_read_only_scene_mount() -> None:
+    assert scene_path("shot/main.blend") == "/scene/shot/main.blend"
+
+
+def test_every_command_disables_the_files_scripts_and_uses_factory_settings_first() -> None:
+    mark = blender.new_mark()
+    commands = [
+        blender.facts_command("a.blend", mark),
+        blender.render_command("a.blend", (1, 2, 3), RenderSettings(), mark, threads=2),
+        blender.probe_command("a.blend", RenderSettings(samples=4), mark, threads=2),
+    ]
+    for command in commands:
+        assert command[3:8] == ["blender", "-b", "-Y", "--factory-startup", "/scene/a.blend"]
+        assert "-y" not in command and "--enable-autoexec" not in command
+        # Our Python fails the run (exit status 3) rather than let an unprepared scene render.
+        assert command[command.index("--python-exit-code") + 1] == "3"
+        assert command[-2] == "--" and json.loads(command[-1])["mark"] == mark
+
+
+def test_a_render_writes_only_to_the_output_folder_with_the_slices_threads_and_renders_last() -> None:
+    command = blender.render_command("a.blend", (4, 5, 6), RenderSettings(file_format="OPEN_EXR"), "m", threads=6)
+    assert command[command.index("-o") + 1] == "/out/frame_######"
+    assert command[command.index("-F") + 1] == "OPEN_EXR" and command[command.index("-t") + 1] == "6"
+    # Blender acts on its arguments in order: the settings and our Python before the frames.
+    assert command.index("--python-expr") < command.index("-f") == len(command) - 4
+    assert command[command.index("-f") + 1] == "4..6"
+    assert frame_file(4, "OPEN_EXR") == "frame_000004.exr" and frame_file(12) == "frame_000012.png"
+
+
+def test_the_render_options_reach_blender_as_json_after_the_double_dash() -> None:
+    settings = RenderSettings(samples=16, percentage=50, gpu=cycles_gpu(simulated=False))
+    options = json.loads(blender.probe_command("a.blend", settings, "m", threads=1, frame=7)[-1])
+    assert options == {
+        "mark": "m",
+        "render": True,
+        "samples": 16,
+        "percentage": 50,
+        "gpu": ["OPTIX", "CUDA"],
+        "only_frame": 7,
+    }
+    assert json.loads(blender.facts_command("a.blend", "m")[-1])["render"] is False
+    assert cycles_gpu(simulated=True) == ()
+
+
+@pytest.mark.parametrize(
+    ("samples", "percentage", "file_format"),
+    [(0, None, "PNG"), (None, 0, "PNG"), (None, 101, "PNG"), (None, None, "AVI_JPEG")],
+)
+def test_render_settings_out_of_range_are_refused(
+    samples: int | None, percentage: int | None, file_format: str
+) -> None:
+    with pytest.raises(ValueError):
+        RenderSettings(samples=samples, percentage=percentage, file_format=file_format)
+
+
+def test_scene_facts_are_read_from_blenders_json() -> None:
+    facts = SceneFacts.from_json(FACTS, "/scene/shot/main.blend")
+    assert facts.frames == range(1, 251) and facts.size == (960, 540)
+    assert facts.engine == "BLENDER_EEVEE" and facts.camera is True and facts.version == (3, 4, 1)
+
+
+@pytest.mark.parametrize(
+    ("change", "words"),
+    [
+        ({"file": "/scene/other.blend"}, "not '/scene/shot/main.blend'"),
+        ({"frame_start": 10, "frame_end": 2}, "ends (2) before it starts (10)"),
+        ({"frame_start": -5}, "frame_start"),
+        ({"frame_end": "250"}, "frame_end"),
+        ({"resolution_x": True}, "resolution_x"),
+        ({"resolution_y": 0}, "resolution_y"),
+        ({"engine": "CYCLES; rm -rf /"}, "engine"),
+        ({"engine": None}, "engine"),
+        ({"camera": 1}, "camera"),
+        ({"scene": "x" * 200}, "scene"),
+        ({"scene": "Scene\n<script>"}, "control characters"),
+        ({"fps": float("nan")}, "fps"),
+        ({"version": [3, 4]}, "version"),
+        ({"samples": 0}, "samples"),
+    ],
+)
+def test_scene_facts_that_are_not_what_blender_prints_are_refused(change: dict[str, Any], words: str) -> None:
+    with pytest.raises(SceneFactsError) as refused:
+        SceneFacts.from_json({**FACTS, **change}, "/scene/shot/main.blend")
+    assert words in str(refused.value)
+
+
+@pytest.mark.parametrize("garbage", [None, [], "facts", 42, {}])
+def test_anything_but_an_object_of_facts_is_refused(garbage: Any) -> None:
+    with pytest.raises(SceneFactsError):
+        SceneFacts.from_json(garbage, "/scene/a.blend")

@@ -1,0 +1,323 @@
+"""Blender in the render sandbox, on the real Docker engine with the render image (compose/bin/build-render-image).
+
+Scenes are made by Blender itself in the image; the slice is a MIG slice of a simulated H200, whose device
+request reaches the container through the stand-in NVIDIA hook (Cycles renders on the CPU).
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.contrib.auth.models import User
+
+from sessions.gpus.allocator import SliceRequest, allocate
+from sessions.gpus.backends import get_backend
+from sessions.gpus.holders import Holder
+from sessions.gpus.models import Slice
+from sessions.runtime.blender import RenderSettings
+from sessions.runtime.blender_log import Event, FrameSaved, Progress
+from sessions.runtime.docker import DockerRuntime
+from sessions.runtime.render import (
+    PURPOSE_LABEL,
+    RENDER_IMAGE,
+    RENDER_UID,
+    Scene,
+    SceneUnreadable,
+    probe,
+    read_scene,
+    render,
+    run_sandboxed,
+)
+from sessions.runtime.slices import spec_for
+from sessions.runtime.spec import ContainerSpec
+from tests.gpus.conftest import use_fleet
+from tests.helpers.processes import ROOT
+
+pytestmark = [pytest.mark.docker, pytest.mark.django_db]
+
+DOCKER = "/usr/bin/docker"
+
+# A small scene: the factory cube turning over three frames, 64x48, Cycles at 4 samples. Its denoising is
+# left on, as Blender's default has it: Debian's build cannot denoise, so the runner must turn it off.
+SMALL_SCENE = """
+import bpy
+scene = bpy.context.scene
+scene.render.engine = "CYCLES"
+scene.cycles.samples = 4
+scene.render.resolution_x, scene.render.resolution_y, scene.render.resolution_percentage = 64, 48, 100
+scene.frame_start, scene.frame_end = 1, 3
+cube = bpy.data.objects["Cube"]
+cube.keyframe_insert("rotation_euler", frame=1)
+cube.rotation_euler[2] = 1.5
+cube.keyframe_insert("rotation_euler", frame=3)
+bpy.ops.wm.save_as_mainfile(filepath="/out/scene.blend")
+"""
+
+# The same, plus what an attacker would hide in a scene: a registered text block (run when the file is
+# loaded) that writes a marker and opens a connection, and a scripted driver that writes another marker.
+HOSTILE_TEXT = """
+import socket
+open("/out/text-block-ran", "w").write("ran")
+try:
+    socket.create_connection(("127.0.0.1", 9), timeout=2)
+    outcome = "connected"
+except OSError as error:
+    outcome = type(error).__name__
+open("/out/text-block-connected", "w").write(outcome)
+"""
+HOSTILE_SCENE = f"""
+import bpy
+scene = bpy.context.scene
+scene.render.engine = "CYCLES"
+scene.cycles.samples = 1
+scene.cycles.use_denoising = False
+scene.render.resolution_x, scene.render.resolution_y = 32, 24
+text = bpy.data.texts.new("autorun.py")
+text.write({HOSTILE_TEXT!r})
+text.use_module = True
+curve = bpy.data.objects["Cube"].driver_add("location", 0)
+curve.driver.type = "SCRIPTED"
+curve.driver.expression = "open('/out/driver-ran', 'w').write('ran') * 0"
+bpy.ops.wm.save_as_mainfile(filepath="/out/hostile.blend")
+"""
+# A render that takes hours: a million samples, every one of them taken (no adaptive sampling).
+SLOW_SCENE = SMALL_SCENE.replace(
+    "samples = 4", "samples = 1 << 20\nscene.cycles.use_adaptive_sampling = False"
+).replace("scene.blend", "slow.blend")
+MARKERS = ("text-block-ran", "text-block-connected", "driver-ran")
+
+
+def blender_in_image(folder: Path, *args: str, scene: Path | None = None) -> str:
+    """Blender in the render image, trusted and outside our sandbox: for making test files."""
+    mounts = ["-v", f"{folder}:/out"] + (["-v", f"{scene}:/scene:ro"] if scene else [])
+    command = [DOCKER, "run", "--rm", "--network", "none", "--user", "root", *mounts, RENDER_IMAGE, "blender", *args]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=180, check=False)
+    assert result.returncode == 0, result.stdout + result.stderr
+    return result.stdout
+
+
+@pytest.fixture(scope="module")
+def render_image(docker_engine: str) -> str:
+    subprocess.run([str(ROOT / "compose/bin/build-render-image")], check=True, timeout=1200)
+    return RENDER_IMAGE
+
+
+@pytest.fixture(scope="module")
+def scenes(render_image: str, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("scenes")
+    blender_in_image(folder, "-b", "--factory-startup", "--python-expr", SMALL_SCENE)
+    blender_in_image(folder, "-b", "--factory-startup", "--python-expr", HOSTILE_SCENE)
+    blender_in_image(folder, "-b", "--factory-startup", "--python-expr", SLOW_SCENE)
+    return folder
+
+
+@pytest.fixture
+def mig_slice(settings, alice: User) -> Iterator[Slice]:  # type: ignore[no-untyped-def]
+    use_fleet(settings, "render: 1xH200:mig")
+    yield allocate(alice, SliceRequest("mig", "1g.18gb"), holder=Holder.render(7))
+    get_backend.cache_clear()
+
+
+@pytest.fixture
+def spec(mig_slice: Slice, render_image: str) -> ContainerSpec:
+    return spec_for(mig_slice, render_image, labels={"gpu-portal.render-job": "7"})
+
+
+@pytest.fixture
+def output(tmp_path: Path) -> Path:
+    folder = tmp_path / "out"
+    folder.mkdir()
+    return folder
+
+
+def png_size(path: Path) -> tuple[int, int]:
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n", f"{path.name} is not a PNG"
+    width, height = struct.unpack(">II", data[16:24])
+    return width, height
+
+
+def test_three_frames_render_with_progress_saved_lines_and_pngs_on_the_slice(
+    scenes: Path, spec: ContainerSpec, mig_slice: Slice, output: Path
+) -> None:
+    runtime = DockerRuntime()
+    seen: list[tuple[float, Event]] = []
+    first_saved: list[tuple[int, bool]] = []
+    inspected: list[dict[str, Any]] = []
+
+    def on_line(line: str, event: Event | None) -> None:
+        if event is not None:
+            seen.append((time.monotonic(), event))
+        if isinstance(event, FrameSaved) and not first_saved:
+            running = runtime.client.containers.get(inspected[0]["Id"]).attrs["State"]["Running"]
+            first_saved.append((len(list(output.glob("*.png"))), running))
+
+    def on_start(container_id: str) -> None:
+        inspected.append(runtime.client.containers.get(container_id).attrs)
+
+    result = render(
+        runtime,
+        spec,
+        Scene(scenes, "scene.blend"),
+        output,
+        (1, 2, 3),
+        RenderSettings(),
+        wall_time_s=300,
+        on_line=on_line,
+        on_start=on_start,
+    )
+    assert result.ok, f"{result.failure}\n{result.log.excerpt()}"
+    assert result.device == "CPU"
+    saved = [event for _, event in seen if isinstance(event, FrameSaved)]
+    assert [event.frame for event in saved] == [1, 2, 3]
+    assert [event.path for event in saved] == [f"/out/frame_00000{n}.png" for n in (1, 2, 3)]
+    samples = {(event.frame, event.sample, event.samples) for _, event in seen if isinstance(event, Progress)}
+    assert {(frame, 4, 4) for frame in (1, 2, 3)} <= samples
+    assert sorted(path.name for path in output.iterdir()) == [f"frame_00000{n}.png" for n in (1, 2, 3)]
+    assert all(png_size(path) == (64, 48) for path in result.saved.values())
+    assert all(result.log.timings[frame].total for frame in (1, 2, 3))
+    # Lines came as Blender printed them: the first frame was on disk, alone, while the container still ran.
+    assert first_saved == [(1, True)]
+
+    host = inspected[0]["HostConfig"]
+    assert host["NetworkMode"] == "none" and host["ReadonlyRootfs"] is True
+    assert host["CapDrop"] == ["ALL"] and host["SecurityOpt"] == ["no-new-privileges:true"]
+    limits = spec.with_cpus_at_most(runtime.host_cpus()).limits
+    assert (host["NanoCpus"], host["Memory"], host["PidsLimit"]) == (
+        int(limits.cpus * 1e9),
+        limits.memory_bytes,
+        limits.pids,
+    )
+    assert host["DeviceRequests"][0]["DeviceIDs"] == [mig_slice.device_uuid]
+    assert inspected[0]["Config"]["User"] == f"{RENDER_UID}:{RENDER_UID}"
+    mounts = {mount["Destination"]: mount["RW"] for mount in inspected[0]["Mounts"]}
+    assert mounts == {"/scene": False, "/out": True}
+    assert inspected[0]["Config"]["Labels"][PURPOSE_LABEL] == "frames"
+    assert runtime.containers_for("render") == []
+
+
+SANDBOX_CHECK = r"""
+import errno, json, os
+def write(path):
+    try:
+        open(path, "w").write("x")
+        return "written"
+    except OSError as error:
+        return errno.errorcode[error.errno]
+status = dict(line.split(":\t", 1) for line in open("/proc/self/status").read().splitlines() if ":\t" in line)
+print(json.dumps({
+    "uid": os.getuid(), "gid": os.getgid(),
+    "interfaces": sorted(os.listdir("/sys/class/net")),
+    "routes": open("/proc/net/route").read().splitlines()[1:],
+    "scene": write("/scene/scene.blend"), "scene_new": write("/scene/new"), "root": write("/etc/new"),
+    "out": write("/out/new"), "tmp": write("/tmp/new"),
+    "capabilities": status["CapEff"].strip(),
+    "device": os.environ.get("NVIDIA_VISIBLE_DEVICES"),
+}))
+"""
+
+
+def test_the_sandbox_has_no_network_and_writes_only_its_output_as_a_non_root_user(
+    scenes: Path, spec: ContainerSpec, mig_slice: Slice, output: Path
+) -> None:
+    lines: list[str] = []
+    ended = run_sandboxed(
+        DockerRuntime(),
+        spec,
+        ["python3", "-c", SANDBOX_CHECK],
+        scene_folder=scenes,
+        output=output,
+        wall_time_s=60,
+        purpose="check",
+        on_line=lines.append,
+    )
+    assert ended.exit_code == 0, lines
+    seen = json.loads(lines[-1])
+    assert (seen["uid"], seen["gid"]) == (RENDER_UID, RENDER_UID)
+    assert seen["interfaces"] == ["lo"] and seen["routes"] == []
+    assert seen["scene"] == seen["scene_new"] == seen["root"] == "EROFS"
+    assert seen["out"] == seen["tmp"] == "written"
+    assert seen["capabilities"] == "0000000000000000"
+    assert seen["device"] == mig_slice.device_uuid
+    assert (output / "new").read_text() == "x"
+
+
+def test_the_wall_time_limit_kills_and_removes_a_long_render(scenes: Path, spec: ContainerSpec, output: Path) -> None:
+    runtime = DockerRuntime()
+    began = time.monotonic()
+    result = render(runtime, spec, Scene(scenes, "slow.blend"), output, (1,), RenderSettings(), wall_time_s=4)
+    assert time.monotonic() - began < 20
+    assert result.exit.timed_out and not result.ok
+    assert result.failure == "stopped: it ran past its wall-time limit of 4 s"
+    assert result.log.current is not None and result.log.current.sample  # killed while it sampled
+    assert result.saved == {} and list(output.iterdir()) == []
+    assert runtime.containers_for("render") == []
+
+
+def test_the_scene_facts_are_read_by_blender_in_the_sandbox(scenes: Path, spec: ContainerSpec) -> None:
+    facts = read_scene(DockerRuntime(), spec, Scene(scenes, "scene.blend"))
+    assert (facts.frame_start, facts.frame_end, facts.frame_step) == (1, 3, 1)
+    assert (facts.resolution_x, facts.resolution_y, facts.resolution_percentage) == (64, 48, 100)
+    assert facts.engine == "CYCLES" and facts.camera is True and facts.samples == 4
+    assert facts.version[0] == 3 and facts.scene == "Scene"
+
+
+def test_a_probe_renders_one_low_sample_frame_and_times_it(scenes: Path, spec: ContainerSpec, output: Path) -> None:
+    found = probe(DockerRuntime(), spec, Scene(scenes, "scene.blend"), output, RenderSettings(), samples=2)
+    assert found.frame == 1 and found.samples == 2 and found.result.device == "CPU"
+    assert list(found.result.saved) == [1] and png_size(found.result.saved[1]) == (64, 48)
+    assert 0 < found.seconds_per_frame < found.result.exit.wall_s
+    assert found.seconds_at(256) > found.seconds_at(2) == pytest.approx(found.seconds_per_frame)
+    assert found.facts.frame_end == 3
+
+
+@pytest.mark.parametrize(
+    ("contents", "words"),
+    [
+        (lambda scenes: b"\x89PNG\r\n\x1a\n" + b"\0" * 200, "Error: File format is not supported"),
+        (lambda scenes: b"", "Error: File format is not supported"),
+        (lambda scenes: (scenes / "scene.blend").read_bytes()[:3000], "Error: Failed to read blend file"),
+    ],
+    ids=["an-image", "empty", "truncated"],
+)
+def test_a_file_that_is_no_readable_blend_is_refused_with_blenders_own_words(
+    scenes: Path, tmp_path: Path, spec: ContainerSpec, contents: Callable[[Path], bytes], words: str
+) -> None:
+    (tmp_path / "scene.blend").write_bytes(contents(scenes))
+    with pytest.raises(SceneUnreadable) as refused:
+        read_scene(DockerRuntime(), spec, Scene(tmp_path, "scene.blend"))
+    assert str(refused.value).startswith(f"Blender could not read scene.blend: {words}")
+    assert words in refused.value.excerpt
+    assert DockerRuntime().containers_for("render") == []
+
+
+def test_a_scenes_text_block_and_scripted_driver_never_run_in_the_sandbox(
+    scenes: Path, spec: ContainerSpec, tmp_path: Path
+) -> None:
+    # Proof that they would run: Blender with scripts allowed (-y) writes every marker, and tried to connect.
+    allowed = tmp_path / "allowed"
+    allowed.mkdir()
+    blender_in_image(allowed, "-b", "-y", "/scene/hostile.blend", "-o", "/out/f_#", "-f", "1", scene=scenes)
+    assert sorted(path.name for path in allowed.iterdir() if not path.name.startswith("f_")) == sorted(MARKERS)
+    assert (allowed / "text-block-connected").read_text() == "ConnectionRefusedError"
+
+    runtime, scene = DockerRuntime(), Scene(scenes, "hostile.blend")
+    facts = read_scene(runtime, spec, scene)
+    probed_in, rendered_in = tmp_path / "probe", tmp_path / "render"
+    probed_in.mkdir()
+    rendered_in.mkdir()
+    probed = probe(runtime, spec, scene, probed_in, RenderSettings(), samples=1)
+    rendered = render(runtime, spec, scene, rendered_in, (1, 2), RenderSettings(), wall_time_s=120)
+    assert facts.resolution_x == 32 and probed.result.ok and rendered.ok
+    assert sorted(path.name for path in probed_in.iterdir()) == ["frame_000001.png"]
+    assert sorted(path.name for path in rendered_in.iterdir()) == ["frame_000001.png", "frame_000002.png"]
+    # Blender saw both and said it skipped them.
+    assert "autorun.py" in rendered.log.skipped_scripts
+    assert any("driver-ran" in name for name in rendered.log.skipped_scripts)
