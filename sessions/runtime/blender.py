@@ -29,10 +29,13 @@ PYTHON_FAILED = 3  # Blender's exit status when our Python raises (--python-exit
 # Runs inside Blender after the scene is loaded. It reads the options from the argument after "--",
 # prints the scene's facts first (before changing anything), then, for a render, sets Cycles up: no
 # denoising (Debian's build has no OpenImageDenoise, and a denoising scene fails), our samples and
-# resolution, and the first GPU backend that has a device, else the CPU; it says which.
+# resolution, and the first GPU backend with a device and kernels for it, else the CPU; it says which, and
+# why each backend it passed over was no use.
 IN_BLENDER = r"""
-import json, sys
+import glob, json, os, shutil, sys
 import bpy
+
+KERNELS = {"CUDA": ["kernel_sm_*", "kernel_compute_*"], "OPTIX": ["kernel_optix*"], "HIP": ["kernel_gfx*"]}
 
 options = json.loads(sys.argv[sys.argv.index("--") + 1])
 scene = bpy.context.scene
@@ -79,17 +82,26 @@ if options["render"]:
         scene.frame_step = 1
     used = "CPU"
     preferences = bpy.context.preferences.addons["cycles"].preferences
+    kernels = os.path.join(os.path.dirname(sys.modules["cycles"].__file__), "lib")
     for kind in options["gpu"]:
         try:
             preferences.compute_device_type = kind
         except TypeError:
-            continue  # this build has no such backend
+            say("note", kind + ": not in this Blender build")
+            continue
         getattr(preferences, "refresh_devices", preferences.get_devices)()
-        if any(device.type == kind for device in preferences.devices):
-            for device in preferences.devices:
-                device.use = device.type == kind
-            used = kind
-            break
+        if not any(device.type == kind for device in preferences.devices):
+            say("note", kind + ": no device")
+            continue
+        # Without kernels built for it (or nvcc to build them) Cycles finds the GPU, then fails the render.
+        built = [found for pattern in KERNELS.get(kind, []) for found in glob.glob(os.path.join(kernels, pattern))]
+        if not built and not (kind == "CUDA" and shutil.which("nvcc")):
+            say("note", kind + ": a device, but this Blender build has no kernels for it")
+            continue
+        for device in preferences.devices:
+            device.use = device.type == kind
+        used = kind
+        break
     scene.cycles.device = "CPU" if used == "CPU" else "GPU"
     say("device", used)
 """

@@ -21,7 +21,7 @@ from typing import Any
 
 from sessions.runtime import blender
 from sessions.runtime.blender import RenderSettings
-from sessions.runtime.blender_log import BlenderLog, Event, FrameTiming
+from sessions.runtime.blender_log import CLOCK, BlenderLog, Event, FrameTiming
 from sessions.runtime.docker import DockerRuntime
 from sessions.runtime.scene_facts import SceneFacts
 from sessions.runtime.spec import LABEL_PREFIX, ContainerSpec
@@ -188,6 +188,11 @@ class RenderResult:
     def missing(self) -> tuple[int, ...]:
         return tuple(frame for frame in self.frames if frame not in self.saved)
 
+    @property
+    def device_notes(self) -> list[str]:
+        """Why each GPU backend tried was passed over (not in the build, no device, no kernels)."""
+        return [str(item.value) for item in self.log.marked if item.kind == "note"]
+
 
 def threads_for(spec: ContainerSpec, runtime: DockerRuntime) -> int:
     """Cycles' threads: the slice's CPUs (left alone, it would start one per host core and be throttled)."""
@@ -300,8 +305,10 @@ class Probe:
 
     @property
     def seconds_per_frame(self) -> float:
-        """As measured, at the probe's samples."""
-        return self.timing.total or self.result.exit.wall_s
+        """As Blender measured it, at the probe's samples (at least its clock's 10 ms)."""
+        if self.timing.total is None:
+            return self.result.exit.wall_s
+        return max(CLOCK, self.timing.total)
 
     def seconds_at(self, samples: int | None) -> float:
         """A frame's time at ``samples`` samples (None: the scene's own): the preparation stays, the
