@@ -261,6 +261,23 @@ def test_the_wall_time_limit_kills_and_removes_a_long_render(scenes: Path, spec:
     assert runtime.containers_for("render") == []
 
 
+def test_a_run_whose_reader_gives_up_leaves_no_container_behind(
+    scenes: Path, spec: ContainerSpec, output: Path
+) -> None:
+    runtime = DockerRuntime()
+
+    def give_up(line: str, event: Event | None) -> None:
+        if isinstance(event, Progress):
+            assert runtime.containers_for("render") != []
+            raise KeyboardInterrupt  # a worker stopped mid-render
+
+    with pytest.raises(KeyboardInterrupt):
+        render(
+            runtime, spec, Scene(scenes, "slow.blend"), output, (1,), RenderSettings(), wall_time_s=60, on_line=give_up
+        )
+    assert runtime.containers_for("render") == []
+
+
 def test_on_a_real_gpus_slice_cycles_tries_optix_then_cuda_and_says_why_it_rendered_on_the_cpu(
     scenes: Path, spec: ContainerSpec, output: Path
 ) -> None:
