@@ -205,5 +205,7 @@ def render_command(blend: str, frames: Sequence[int], settings: RenderSettings, 
 
 def probe_command(blend: str, settings: RenderSettings, mark: str, threads: int, frame: int | None = None) -> list[str]:
     """Render one frame, the scene's first unless told (which one that is is known only once it is read)."""
+    if frame is not None:
+        frame_argument([frame])  # refuses a frame Blender cannot render
     python, options = _python(_options(mark, render=settings, only_frame=-1 if frame is None else frame))
     return [*_start(blend), *_output(settings.file_format, threads), *python, "-a", *options]

@@ -41,6 +41,11 @@ def test_no_frames_negative_frames_or_frames_beyond_blenders_maximum_are_refused
         frame_argument(frames)
 
 
+def test_a_probe_of_a_frame_blender_cannot_render_is_refused() -> None:
+    with pytest.raises(ValueError):
+        blender.probe_command("a.blend", RenderSettings(), "m", threads=1, frame=-3)
+
+
 @pytest.mark.parametrize("blend", ["/etc/passwd.blend", "../other/x.blend", "a/../../x.blend", "scene.py", ""])
 def test_a_main_file_outside_the_scene_folder_or_not_a_blend_is_refused(blend: str) -> None:
     with pytest.raises(ValueError):
