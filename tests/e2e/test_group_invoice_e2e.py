@@ -69,3 +69,21 @@ def test_a_treasurer_opens_prints_and_downloads_the_groups_invoice(
     log_in(page, portal_server, "alice")  # a member, not granted the permission
     response = page.goto(f"{portal_server}/billing/group-invoices/{found.number}/")
     assert response is not None and response.status == 404
+
+
+def test_staff_bill_a_group_from_the_credit_page(portal_server: str, page: Page, alice: User, staff: User) -> None:
+    Group.objects.create(name="chemistry").user_set.add(alice)
+    log_in(page, portal_server, "charlie")
+    page.get_by_role("link", name="Credit").click()
+    page.get_by_role("link", name="Billed groups").click()
+    expect(page.get_by_role("heading", level=1)).to_have_text("Billed groups")
+    page.get_by_label("Group", exact=True).select_option(label="chemistry")
+    page.get_by_label("Billed to").fill("Department of Chemistry")
+    page.get_by_label("Billing e-mail").fill("accounts@chemistry.example.org")
+    page.get_by_role("button", name="Bill this group").click()
+    expect(page.get_by_role("status")).to_contain_text("Group chemistry is billed to Department of Chemistry")
+    row = page.get_by_test_id("billed-groups").get_by_role("row", name="chemistry")
+    expect(row).to_contain_text("Department of Chemistry")
+    page.screenshot(path=str(SCREENSHOTS / "billed-groups-page.png"), full_page=True)
+    row.get_by_role("button", name="Stop billing").click()
+    expect(page.get_by_test_id("billed-groups")).to_have_count(0)
