@@ -1,0 +1,94 @@
+"""Uploading a scene in Chromium: the bar follows the upload, the job is checked and listed; a file that is
+no scene comes back on the form in words."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from django.contrib.auth.models import User
+from playwright.sync_api import Page, expect
+
+from sessions.gpus.backends import get_backend
+from sessions.render import jobs
+from sessions.render.models import RenderJob
+from tests.e2e.conftest import SCREENSHOTS, log_in
+from tests.helpers.page_watch import PageWatch
+from tests.render import scenes
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def render_fleet(settings) -> Iterator[None]:  # type: ignore[no-untyped-def]
+    from tests.gpus.conftest import use_fleet
+
+    use_fleet(settings, "e2e-render: 1xH200:mig")
+    yield
+    get_backend.cache_clear()
+
+
+def a_big_blend() -> bytes:
+    """A valid .blend of about 3 MiB, so the upload takes more than one progress event."""
+    return scenes.blend(blocks=[*scenes.BLOCKS[:-1], (b"IM\x00\x00", b"\x09" * (3 << 20)), scenes.BLOCKS[-1]])
+
+
+def test_a_scene_uploads_with_progress_and_is_listed_as_checked(
+    portal_server: str, page: Page, alice: User, render_fleet: None
+) -> None:
+    watch = PageWatch.on(page)
+    log_in(page, portal_server, "alice")
+    page.goto(portal_server + "/sessions/render/")  # the short address leads to the page
+    expect(page.get_by_role("heading", level=1)).to_have_text("Render jobs")
+    seen: list[str] = []
+    page.expose_function("reportUploadProgress", lambda words: seen.append(words))
+    page.evaluate(
+        """() => {
+             const words = document.getElementById("upload-progress-text");
+             new MutationObserver(() => window.reportUploadProgress(words.textContent))
+               .observe(words, {childList: true, characterData: true, subtree: true});
+           }"""
+    )
+    page.get_by_label("Frames", exact=True).fill("1-30, 45, 50-60x2")
+    page.get_by_label("Samples").fill("16")
+    page.get_by_label("Output format").select_option("OPEN_EXR")
+    page.get_by_label("Scene (.blend, or a .zip with its assets)").set_input_files(
+        files={"name": "shot.blend", "mimeType": "application/octet-stream", "buffer": a_big_blend()}
+    )
+    page.get_by_role("button", name="Upload and check").click()
+
+    expect(page.get_by_role("heading", level=1)).to_have_text("shot.blend")
+    expect(page.get_by_test_id("state")).to_have_text("Checked")
+    expect(page.get_by_test_id("next-step")).to_contain_text("The estimate comes next")
+    assert any(text.startswith("Uploaded 3.0 MiB") for text in seen), seen
+    page.screenshot(path=str(SCREENSHOTS / "render-job-checked.png"), full_page=True)
+    watch.assert_clean("the job's page after the upload")
+
+    page.get_by_role("link", name="← Render jobs").click()
+    row = page.get_by_test_id("render-job").filter(has_text="shot.blend")
+    expect(row.get_by_test_id("state")).to_have_text("Checked")
+    expect(row).to_contain_text("37")
+    expect(row.get_by_test_id("progress")).to_have_text("estimate next")
+    page.screenshot(path=str(SCREENSHOTS / "render-jobs-listed.png"), full_page=True)
+
+    job = RenderJob.objects.get()
+    assert (job.owner, job.frame_count, job.samples, job.output_format) == (alice, 37, 16, "OPEN_EXR")
+    assert job.scene_path().joinpath("scene.blend").stat().st_size == len(a_big_blend())
+    jobs.remove_files(job)
+    assert not job.folder_path().exists()
+
+
+def test_an_image_named_blend_comes_back_on_the_form_in_words(
+    portal_server: str, page: Page, alice: User, render_fleet: None
+) -> None:
+    log_in(page, portal_server, "alice")
+    page.goto(portal_server + "/sessions/render-jobs/")
+    page.get_by_label("Frames", exact=True).fill("1-3")
+    page.get_by_label("Scene (.blend, or a .zip with its assets)").set_input_files(
+        files={"name": "photo.blend", "mimeType": "application/octet-stream", "buffer": scenes.PNG}
+    )
+    page.get_by_role("button", name="Upload and check").click()
+    expect(page.locator("#id_scene_error")).to_have_text("'photo.blend' is not a Blender file: it is a PNG image.")
+    expect(page.get_by_label("Frames", exact=True)).to_have_value("1-3")
+    assert not RenderJob.objects.exists()
+    page.screenshot(path=str(SCREENSHOTS / "render-upload-refused.png"), full_page=True)
