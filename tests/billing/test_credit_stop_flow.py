@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import time
-from datetime import timedelta
+from datetime import datetime, timedelta
 from decimal import ROUND_DOWN, Decimal
 
 import pytest
@@ -28,6 +28,7 @@ from websockets.typing import Origin
 
 from billing import credit, ledger, meter, seeds
 from billing.models import ChargedMinute, CreditStop, Price, Usage
+from billing.prices import database_now
 from sessions.gpus.allocator import SliceRequest
 from sessions.gpus.models import Slice
 from sessions.notebooks.models import NotebookImage, NotebookSession
@@ -49,6 +50,13 @@ def minutes_pass(session: NotebookSession, seconds: int) -> None:
     NotebookSession.objects.filter(pk=session.pk).update(container_started_at=F("container_started_at") - step)
     Slice.objects.filter(pk=session.slice_id).update(held_from=F("held_from") - step)
     Usage.objects.filter(slice_id=session.slice_id).update(started=F("started") - step)
+
+
+def held_from(session: NotebookSession) -> datetime:
+    assert session.slice_id is not None
+    moment = Slice.objects.get(pk=session.slice_id).held_from
+    assert moment is not None
+    return moment
 
 
 def next_notice(socket: ClientConnection, kind: str, timeout: float = 10) -> dict[str, object]:
@@ -93,7 +101,9 @@ def test_at_zero_balance_a_real_session_is_warned_then_stopped_through_the_hub_a
 
     url = portal_server.replace("http://", "ws://") + "/ws/notifications/"
     with connect(url, origin=Origin(portal_server), additional_headers={"Cookie": session_cookie(alice)}) as socket:
-        minutes_pass(session, 90)  # minutes 0 and 1 have begun: together more than the credit
+        # 90 s since its start as the meter sees it, however long the start took: minutes 0 and 1 have begun,
+        # together more than the credit.
+        minutes_pass(session, 90 - int((database_now() - held_from(session)).total_seconds()))
         assert meter.tick().minutes == 2
         assert ledger.balance(alice) < 0
         warned_at = timezone.now()
@@ -125,7 +135,7 @@ def test_at_zero_balance_a_real_session_is_warned_then_stopped_through_the_hub_a
     usage = Usage.objects.get(slice=held)
     assert held.held_from is not None and usage.ended == gone
     due = meter.minutes_due(held.held_from, gone, gone)
-    assert due == 3  # 150 s and a few of running: the end's partial third minute, charged at the end
+    assert due == 3  # 150 s and the few the stop took: the end's partial third minute, charged at the end
     minutes = list(ChargedMinute.objects.filter(usage=usage).order_by("minute").values_list("minute", flat=True))
     assert minutes == list(range(due)) and usage.billed_minutes == due  # each started minute, once
     assert meter.tick().minutes == 0 and meter.charge_holding(held.pk).minutes == 0  # nothing left, nothing twice
