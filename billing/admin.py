@@ -157,7 +157,8 @@ class BudgetAdmin(ReadOnly):
 
 @admin.register(BudgetAlert)
 class BudgetAlertAdmin(ReadOnly):
-    list_display = ["budget", "month", "threshold", "spent", "sent_at"]
+    list_display = ["budget", "month", "threshold", "spent", "sent_at", "mail_due", "mailed_at"]
+    list_filter = ["mail_due"]
 
 
 @admin.register(CreditStop)
