@@ -73,6 +73,12 @@ app.conf.beat_schedule = {
     },
     "prune-gpu-history": {"task": "sessions.metrics.tasks.prune_gpu_history", "schedule": 3600.0},
     "render-orphan-uploads": {"task": "sessions.render.tasks.remove_orphan_uploads", "schedule": 3600.0},
+    # Frees what a crashed render left (slices, containers) and puts chunks whose container is gone back.
+    "reconcile-render-jobs": {
+        "task": "sessions.render.tasks.reconcile_render_jobs",
+        "schedule": 30.0,
+        "options": {"expires": 25},
+    },
     # A tick left in the queue past the next one is dropped: the next one charges all of it anyway.
     "billing-minute": {"task": "billing.tasks.charge_accrued", "schedule": 60.0, "options": {"expires": 55}},
     "billing-fold-minutes": {"task": "billing.tasks.fold_minutes", "schedule": 3600.0},
@@ -97,3 +103,11 @@ def announce_worker(**kwargs: Any) -> None:
     from portal.tasks import record_heartbeat
 
     record_heartbeat.delay()
+
+
+@worker_ready.connect
+def recover_render_work(sender: Any = None, **kwargs: Any) -> None:
+    """The render worker, at start: chunks it was rendering when it stopped are found and put back."""
+    queues = {queue.name for queue in getattr(getattr(sender, "task_consumer", None), "queues", ())}
+    if render_queue() in queues:
+        app.send_task("sessions.render.tasks.recover_render_work")

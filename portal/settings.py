@@ -421,6 +421,13 @@ BILLING_GRACE_MINUTES = env.integer("PORTAL_BILLING_GRACE_MINUTES", 5, minimum=0
 # (a cloud's spot interruption notice; AWS gives two minutes).
 SPOT_GRACE_SECONDS = env.integer("PORTAL_SPOT_GRACE_SECONDS", 120, minimum=0)
 
+# Rendering: how often a failed chunk is tried in all, how long one chunk's or the probe's container may
+# run, and the thumbnails' longest side in pixels.
+RENDER_CHUNK_ATTEMPTS = env.integer("PORTAL_RENDER_CHUNK_ATTEMPTS", 3, minimum=1)
+RENDER_CHUNK_WALL_SECONDS = env.integer("PORTAL_RENDER_CHUNK_WALL_SECONDS", 3600, minimum=10)
+RENDER_PROBE_WALL_SECONDS = env.integer("PORTAL_RENDER_PROBE_WALL_SECONDS", 600, minimum=10)
+RENDER_THUMBNAIL_PIXELS = env.integer("PORTAL_RENDER_THUMBNAIL_PIXELS", 320, minimum=16)
+
 # Render jobs: where scenes and frames live (a folder per person, named by a keyed hash, and per job, named
 # at random), and what an upload may be. The upload limit holds while the body streams to disk.
 RENDER_DIR = env.path("PORTAL_RENDER_DIR", DATA_DIR / "render")

@@ -1,13 +1,53 @@
-"""Celery tasks of render jobs: thin, idempotent, calling sessions.render.jobs."""
+"""Celery tasks of render jobs: thin, idempotent, taking ids and calling the services.
+
+The probe and the slices' workers go to the render queue (portal/celery.py routes them), where a chunk may
+hold its worker thread for as long as Blender renders; dispatch and reconciliation are quick and stay on the
+default queue.
+"""
 
 from __future__ import annotations
 
 from celery import shared_task
+from celery.app.task import Task
 
+from sessions.render import chunks, recovery, services
 from sessions.render.jobs import remove_orphan_folders
+
+PROBE_RETRY_S = 30
+PROBE_RETRIES = 40  # twenty minutes of waiting for a slice, then the job fails and says why
 
 
 @shared_task
 def remove_orphan_uploads() -> int:
     """Hourly: remove what uploads cut off by a crash left on disk (folders no job owns, long untouched)."""
     return remove_orphan_folders()
+
+
+@shared_task(bind=True, max_retries=PROBE_RETRIES)
+def estimate_job(self: Task, job_id: int) -> str:
+    try:
+        return str(services.estimate(job_id).state)
+    except services.ProbeWaits as waiting:
+        if self.request.retries >= PROBE_RETRIES:
+            return str(services.no_slice_for_probe(job_id, str(waiting)).state)
+        raise self.retry(countdown=PROBE_RETRY_S) from None
+
+
+@shared_task
+def dispatch_job(job_id: int) -> int:
+    return services.dispatch(job_id)
+
+
+@shared_task
+def work_on_slice(job_id: int, slice_id: int) -> int:
+    return chunks.work_on_slice(job_id, slice_id)
+
+
+@shared_task
+def recover_render_work() -> dict[str, int]:
+    return recovery.recover_after_restart()
+
+
+@shared_task
+def reconcile_render_jobs() -> dict[str, int]:
+    return recovery.reconcile()

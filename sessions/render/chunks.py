@@ -1,0 +1,182 @@
+"""A slice's worker: the job's waiting chunks rendered one after another on one of its slices.
+
+Each chunk runs in the render sandbox (``sessions.runtime.render``): frames are recorded, with their
+thumbnails, as Blender says it saved them; progress is pushed as its lines come. A chunk that fails is
+tried again (on another of the job's slices where it holds one), only for its frames not saved yet; its
+last attempt failing fails the job. When no chunk is left for the slice, the slice is released at once,
+its holding ending with its last container.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path, PurePosixPath
+
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from sessions.gpus.allocator import holding_started
+from sessions.gpus.holders import Holder
+from sessions.gpus.models import Slice
+from sessions.render import containers, progress
+from sessions.render.models import RenderChunk, RenderFrame, RenderJob
+from sessions.render.services import RUNNING, end_holding, held_by, locked, render_settings, scene_of, stop_job
+from sessions.render.thumbnails import make_thumbnail
+from sessions.runtime import blender
+from sessions.runtime.docker import RuntimeError_
+from sessions.runtime.render import RENDER_IMAGE, render
+from sessions.runtime.slices import spec_for
+
+log = logging.getLogger(__name__)
+State = RenderJob.State
+ChunkState = RenderChunk.State
+FrameState = RenderFrame.State
+THUMBNAILS, FRAMES = "thumbnails", "frames"
+
+
+@dataclass(frozen=True)
+class Claim:
+    job: RenderJob
+    chunk: RenderChunk
+    taken: Slice
+
+
+BUSY = "busy"  # another worker renders on this slice now: leave it to that one
+
+
+def work_on_slice(job_id: int, slice_id: int) -> int:
+    """Render the job's waiting chunks on this slice, one after another, then release it; returns how many
+    chunks ran here."""
+    ran = 0
+    last_end: datetime | None = None
+    while True:
+        claim = _claim(job_id, slice_id)
+        if claim == BUSY:
+            return ran
+        if claim is None:
+            break
+        assert isinstance(claim, Claim)
+        last_end = _run(claim) or last_end
+        ran += 1
+    taken = Slice.objects.get(pk=slice_id)
+    if taken.released_at is None:
+        end_holding(slice_id, taken.held_from, last_end, "render job needs it no more")
+        progress.announce(RenderJob.objects.get(pk=job_id))
+    return ran
+
+
+def _claim(job_id: int, slice_id: int) -> Claim | str | None:
+    """The next chunk for this slice, marked as rendering on it; None when the job has none for it."""
+    with transaction.atomic():
+        job = locked(job_id)
+        taken = Slice.objects.filter(pk=slice_id, released_at__isnull=True).select_related("gpu").first()
+        if taken is None or taken.holder != Holder.render(job_id) or job.state not in RUNNING:
+            return None
+        chunks = job.chunks.select_for_update()
+        if chunks.filter(state=ChunkState.RENDERING, slice_id=slice_id).exists():
+            return BUSY
+        waiting = chunks.filter(state=ChunkState.PENDING).order_by("index")
+        if any(other.pk != slice_id for other in held_by(job_id)):
+            waiting = waiting.exclude(slice_id=slice_id)  # a chunk that failed here is retried on another slice
+        chunk = waiting.first()
+        if chunk is None:
+            return None
+        chunk.state, chunk.slice, chunk.attempts = ChunkState.RENDERING, taken, chunk.attempts + 1
+        chunk.started_at, chunk.finished_at = timezone.now(), None
+        chunk.save(update_fields=["state", "slice", "attempts", "started_at", "finished_at"])
+        job.frame_results.filter(number__in=chunk.frames).exclude(state=FrameState.DONE).update(
+            state=FrameState.RENDERING
+        )
+        if job.state == State.QUEUED:
+            job.save(update_fields=job.move(State.RENDERING))
+        progress.announce(job)
+        return Claim(job, chunk, taken)
+
+
+def _run(claim: Claim) -> datetime | None:
+    """Render one chunk in the sandbox; returns its container's end moment."""
+    job, chunk, taken = claim.job, claim.chunk, claim.taken
+    output = job.folder_path() / FRAMES
+    output.mkdir(exist_ok=True)
+    run = progress.ChunkRun(job, on_saved=lambda name: _frame_saved(job, chunk, output / name))
+    watched = containers.Watched(on_started=lambda at: holding_started(taken.pk, at or timezone.now()))
+    failure, excerpt = None, ""
+    try:
+        result = render(
+            watched,
+            spec_for(taken, RENDER_IMAGE, labels=containers.labels(job.pk, chunk.pk)),
+            scene_of(job),
+            output,
+            tuple(chunk.frames),
+            render_settings(job, taken),
+            wall_time_s=settings.RENDER_CHUNK_WALL_SECONDS,
+            on_line=run.line,
+        )
+        failure, excerpt = result.failure, result.log.excerpt()
+        for frame, path in result.saved.items():
+            _frame_saved(job, chunk, path, frame)
+    except (RuntimeError_, FileNotFoundError, ValueError) as error:
+        failure = str(error)
+    _chunk_ended(job.pk, chunk.pk, taken.pk, failure, excerpt, run.live())
+    return watched.finished_at
+
+
+def _frame_saved(job: RenderJob, chunk: RenderChunk, path: Path, number: int | None = None) -> None:
+    """A frame of this chunk is on disk: record it done, with its thumbnail (once)."""
+    if number is None:
+        number = next((n for n in chunk.frames if blender.frame_file(n, job.output_format) == path.name), None)
+    if number is None or not path.is_file():
+        return
+    frame = job.frame_results.filter(number=number).exclude(state=FrameState.DONE).first()
+    if frame is None:
+        return
+    thumbnail = make_thumbnail(path, job.folder_path() / THUMBNAILS, settings.RENDER_THUMBNAIL_PIXELS)
+    frame.state, frame.finished_at = FrameState.DONE, timezone.now()
+    frame.output_path = str(PurePosixPath(FRAMES, path.name))
+    frame.thumbnail_path = str(PurePosixPath(THUMBNAILS, thumbnail.name)) if thumbnail else ""
+    frame.save(update_fields=["state", "finished_at", "output_path", "thumbnail_path"])
+
+
+def _chunk_ended(
+    job_id: int, chunk_id: int, slice_id: int, failure: str | None, excerpt: str, live: dict[str, object]
+) -> None:
+    with transaction.atomic():
+        job = locked(job_id)
+        chunk = RenderChunk.objects.select_for_update().get(pk=chunk_id)
+        if chunk.state != ChunkState.RENDERING or chunk.slice_id != slice_id:
+            return  # cancelled, or put back by reconciliation meanwhile
+        missing = list(
+            job.frame_results.filter(number__in=chunk.frames)
+            .exclude(state=FrameState.DONE)
+            .values_list("number", flat=True)
+        )
+        chunk.finished_at, chunk.log_excerpt = timezone.now(), excerpt[-8000:]
+        if job.ended:
+            chunk.state = ChunkState.CANCELLED
+        elif not missing:  # every frame is saved: done, whatever Blender's exit status said
+            chunk.state = ChunkState.DONE
+        elif chunk.attempts < settings.RENDER_CHUNK_ATTEMPTS:
+            chunk.state, chunk.frames = ChunkState.PENDING, sorted(missing)
+            job.frame_results.filter(number__in=missing).update(state=FrameState.PENDING)
+            log.info("render job %s chunk %s: attempt %s failed: %s", job_id, chunk.index, chunk.attempts, failure)
+        else:
+            chunk.state = ChunkState.FAILED
+            _fail(job, chunk, missing, failure or f"{len(missing)} frames were not saved")
+        chunk.save(update_fields=["state", "frames", "finished_at", "log_excerpt"])
+        if job.state == State.RENDERING and not job.frame_results.exclude(state=FrameState.DONE).exists():
+            job.save(update_fields=job.move(State.DONE))
+        progress.announce(job, live)
+
+
+def _fail(job: RenderJob, chunk: RenderChunk, missing: list[int], failure: str) -> None:
+    """The chunk failed its last attempt: the job fails with why, its other chunks stop."""
+    frames = ", ".join(str(n) for n in missing[:20]) + (" …" if len(missing) > 20 else "")
+    message = f"Frames {frames} failed {chunk.attempts} times; the last time: {failure}."
+    if chunk.log_excerpt:
+        message += f"\n\n{chunk.log_excerpt}"
+    job.save(update_fields=job.move(State.FAILED, message))
+    job.frame_results.filter(number__in=missing).update(state=FrameState.FAILED)
+    stop_job(job)

@@ -1,0 +1,103 @@
+"""The render jobs' containers as Docker sees them: when each one started and ended, and stopping a job's.
+
+Billing charges a slice from its holder's first container start to its last container's end, as the engine
+recorded them (``holding_started`` / ``holding_ended``); ``Watched`` hears those moments from the sandbox
+runner's own calls. Containers are found by the labels every render container carries: its job, and its
+chunk where it renders one.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from datetime import datetime
+from typing import Any
+
+from sessions.runtime.docker import ContainerState, DockerRuntime, RuntimeError_
+from sessions.runtime.spec import LABEL_PREFIX, ContainerSpec
+
+log = logging.getLogger(__name__)
+JOB_LABEL = "render_job"  # gpu-portal.render_job=<job id>, on every container of the job (probe and chunks)
+CHUNK_LABEL = "render_chunk"  # gpu-portal.render_chunk=<chunk id>, on a chunk's container
+STOP_WAIT_S = 10
+
+
+def labels(job_id: int, chunk_id: int | None = None) -> dict[str, str]:
+    found = {f"{LABEL_PREFIX}.{JOB_LABEL}": str(job_id)}
+    if chunk_id is not None:
+        found[f"{LABEL_PREFIX}.{CHUNK_LABEL}"] = str(chunk_id)
+    return found
+
+
+def _attrs(runtime: DockerRuntime, container_id: str) -> dict[str, Any] | None:
+    try:
+        return dict(runtime.client.containers.get(container_id).attrs)
+    except Exception as error:  # the SDK's NotFound among them; only sessions.runtime may import it
+        log.info("container %s: no state (%s)", container_id[:12], error)
+        return None
+
+
+def inspect(runtime: DockerRuntime, container_id: str) -> ContainerState | None:
+    """A container's state as the engine has it; None once it is gone (or the engine will not say)."""
+    attrs = _attrs(runtime, container_id)
+    return ContainerState.of(attrs) if attrs is not None else None
+
+
+def job_of(runtime: DockerRuntime, container_id: str) -> int | None:
+    """The render job a container belongs to, from its label."""
+    attrs = _attrs(runtime, container_id)
+    value = ((attrs or {}).get("Config") or {}).get("Labels", {}).get(f"{LABEL_PREFIX}.{JOB_LABEL}", "")
+    return int(value) if str(value).isdigit() else None
+
+
+class Watched(DockerRuntime):
+    """The Docker adapter, noting the start and end of the container it runs (one per instance) as the engine
+    recorded them, and telling ``on_started`` the start at once: the meter charges from that moment."""
+
+    def __init__(self, on_started: Callable[[datetime | None], None] | None = None) -> None:
+        super().__init__()
+        self.on_started = on_started
+        self.container_id: str | None = None
+        self.started_at: datetime | None = None
+        self.ended: ContainerState | None = None
+
+    def start(self, spec: ContainerSpec, command: list[str], **overrides: Any) -> str:
+        container_id = super().start(spec, command, **overrides)
+        self.container_id = container_id
+        state = inspect(self, container_id)
+        self.started_at = state.started_at if state is not None else None
+        if self.on_started is not None:
+            self.on_started(self.started_at)
+        return container_id
+
+    def exit_of(self, container_id: str, timeout: float = 30) -> ContainerState:
+        self.ended = super().exit_of(container_id, timeout)
+        return self.ended
+
+    @property
+    def finished_at(self) -> datetime | None:
+        return self.ended.finished_at if self.ended is not None else None
+
+
+def of_job(runtime: DockerRuntime, job_id: int) -> list[str]:
+    return runtime.containers_for(JOB_LABEL, str(job_id))
+
+
+def of_chunk(runtime: DockerRuntime, chunk_id: int) -> list[str]:
+    return runtime.containers_for(CHUNK_LABEL, str(chunk_id))
+
+
+def stop(runtime: DockerRuntime, container_ids: list[str]) -> datetime | None:
+    """Kill the containers at once and wait for the engine to record their end; the latest end moment.
+    The sandbox runner that started each one removes it."""
+    ends: list[datetime] = []
+    for container_id in container_ids:
+        try:
+            runtime.kill(container_id)
+            state = runtime.exit_of(container_id, timeout=STOP_WAIT_S)
+        except RuntimeError_ as error:  # gone already: its runner removed it
+            log.info("container %s: %s", container_id[:12], error)
+            continue
+        if state.finished_at is not None:
+            ends.append(state.finished_at)
+    return max(ends, default=None)

@@ -1,0 +1,170 @@
+"""What a render job's followers see, live: frames done of total, the current frame's samples, the average
+time per frame, the time left, the cost so far, the latest thumbnail and the end of Blender's output.
+
+``snapshot`` reads the figures from the rows (any page can show them on load); ``ChunkRun`` keeps what only
+the running chunk knows (the sample reached, the log tail) and pushes, at most a few times a second, through
+``portal.push.render_progress``. Cost so far is each of the job's slices' started minutes, from its recorded
+holding, at that slice's rate now (the pricing seam billing fills); the meter charges the same minutes.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime
+from decimal import ROUND_HALF_UP, Decimal
+from typing import Any
+
+from django.conf import settings
+from django.db import transaction
+from django.urls import NoReverseMatch, reverse
+from django.utils import timezone
+
+from portal import push
+from sessions.gpus.allocator import SliceRequest
+from sessions.gpus.holders import HolderKind
+from sessions.gpus.models import Slice
+from sessions.notebooks import pricing
+from sessions.render.models import RenderChunk, RenderFrame, RenderJob
+from sessions.runtime.blender_log import Event, FrameSaved, Progress
+
+PUSH_EVERY_S = 0.5  # sample lines come many a second; a frame saved or a state change goes at once
+TAIL_LINES = 12
+SHOWN_QUANTUM = Decimal("0.01")  # as billing.money shows amounts: half up, two decimals, the currency
+
+
+def slices_of(job_id: int) -> Any:
+    return Slice.objects.filter(holder_kind=HolderKind.RENDER, holder_id=job_id)
+
+
+def cost_so_far(job: RenderJob, now: datetime | None = None) -> Decimal | None:
+    """Each started minute of each slice the job held or holds, at its offer's rate; None if unpriced."""
+    now = now or timezone.now()
+    rates: dict[SliceRequest, Decimal | None] = {}
+    total = Decimal(0)
+    priced = False
+    for held in slices_of(job.pk).filter(held_from__isnull=False).select_related("gpu"):
+        request = SliceRequest(held.kind, held.profile, held.gpu.model_name, market=held.market)
+        if request not in rates:
+            rates[request] = pricing.current().per_minute(request, held.market)
+        rate = rates[request]
+        if rate is None:
+            continue
+        assert held.held_from is not None
+        seconds = ((held.held_until or now) - held.held_from).total_seconds()
+        total += rate * max(1, math.ceil(seconds / 60))
+        priced = True
+    return total if priced else None
+
+
+def shown(amount: Decimal | None) -> str:
+    if amount is None:
+        return ""
+    return f"{amount.quantize(SHOWN_QUANTUM, rounding=ROUND_HALF_UP):,} {settings.CURRENCY}"
+
+
+def seconds_per_frame(job: RenderJob) -> float | None:
+    """The average wall time of a finished frame: each from its chunk's start or the frame before it."""
+    starts = dict(job.chunks.filter(started_at__isnull=False).values_list("pk", "started_at"))
+    done = list(job.frame_results.filter(state=RenderFrame.State.DONE, finished_at__isnull=False))
+    if not done or not starts:
+        return None
+    chunk_of = {frame: chunk.pk for chunk in job.chunks.all() for frame in chunk.frames}
+    spans: list[float] = []
+    previous: dict[int, datetime] = {}
+    for frame in sorted(done, key=lambda item: item.finished_at or timezone.now()):
+        chunk_id = chunk_of.get(frame.number)
+        began = previous.get(chunk_id or 0) or starts.get(chunk_id or 0)
+        if began is None or frame.finished_at is None or frame.finished_at < began:
+            continue
+        spans.append((frame.finished_at - began).total_seconds())
+        previous[chunk_id or 0] = frame.finished_at
+    return round(sum(spans) / len(spans), 2) if spans else None
+
+
+def thumbnail_url(job_id: int, number: int) -> str:
+    """Where the job page fetches a frame's thumbnail (empty until the results pages name that route)."""
+    try:
+        return reverse("render-frame-thumbnail", args=[job_id, number])
+    except NoReverseMatch:
+        return ""
+
+
+def snapshot(job: RenderJob) -> dict[str, Any]:
+    """The job's figures as its page and its socket show them."""
+    frames = job.frame_results.all()
+    done = frames.filter(state=RenderFrame.State.DONE).count()
+    total = job.frame_count
+    per_frame = seconds_per_frame(job)
+    rendering = job.chunks.filter(state=RenderChunk.State.RENDERING).count()
+    eta = None
+    if per_frame is not None and not job.ended:
+        eta = round((total - done) * per_frame / max(1, rendering), 1)
+    latest = frames.filter(state=RenderFrame.State.DONE).exclude(thumbnail_path="").order_by("-finished_at").first()
+    return {
+        "type": "render.progress",
+        "job": job.pk,
+        "state": job.state,
+        "state_label": job.get_state_display(),
+        "frames_done": done,
+        "frames_total": total,
+        "frames_failed": frames.filter(state=RenderFrame.State.FAILED).count(),
+        "percent": math.floor(100 * done / total) if total else 0,
+        "seconds_per_frame": per_frame,
+        "eta_seconds": eta,
+        "cost": shown(cost_so_far(job)),
+        "thumbnail": thumbnail_url(job.pk, latest.number) if latest else "",
+        "latest_frame": latest.number if latest else None,
+        "failure": job.failure_message,
+    }
+
+
+def announce(job: RenderJob, live: dict[str, Any] | None = None) -> None:
+    """Push the job's figures once the change is committed; a push that fails never undoes the change."""
+    job_id, owner_id = job.pk, job.owner_id
+
+    def send() -> None:
+        payload = snapshot(RenderJob.objects.get(pk=job_id))
+        push.render_progress(owner_id, job_id, {**payload, **(live or {})})
+
+    transaction.on_commit(send, robust=True)
+
+
+@dataclass
+class ChunkRun:
+    """One chunk's run, as its lines come: the frame and sample reached, the log's tail; pushes as it goes.
+    ``on_saved`` records a frame Blender said it saved (its file's name in the output folder)."""
+
+    job: RenderJob
+    on_saved: Callable[[str], None]
+    frame: int | None = None
+    sample: int | None = None
+    samples: int | None = None
+    tail: list[str] = field(default_factory=list)
+    last_push: float = 0.0
+    sampled: set[int] = field(default_factory=set)  # frames whose sampling has been pushed once
+
+    def line(self, text: str, event: Event | None) -> None:
+        self.tail = [*self.tail[-(TAIL_LINES - 1) :], text[:500]]
+        if isinstance(event, Progress):
+            self.frame = event.frame
+            first_sample = event.sample is not None and event.frame not in self.sampled
+            if event.sample is not None:
+                self.sample, self.samples = event.sample, event.samples
+            if first_sample or time.monotonic() - self.last_push >= PUSH_EVERY_S:
+                if first_sample:
+                    self.sampled.add(event.frame)
+                self.push()
+        elif isinstance(event, FrameSaved):
+            self.on_saved(event.path.rsplit("/", 1)[-1])
+            self.sample = None
+            self.push()
+
+    def live(self) -> dict[str, Any]:
+        return {"frame": self.frame, "sample": self.sample, "samples": self.samples, "log_tail": self.tail}
+
+    def push(self) -> None:
+        self.last_push = time.monotonic()
+        announce(self.job, self.live())

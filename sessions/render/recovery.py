@@ -1,0 +1,134 @@
+"""Render work after a crash: the render worker's restart, and reconciliation every half minute.
+
+At its start the render worker finds the chunks it was rendering (their workers died with it): their
+containers are stopped and the chunks wait again, without losing an attempt, and each job gets workers for
+its slices again. Reconciliation frees what a crashed job left: slices a finished (or vanished) job still
+holds, containers of jobs that ended, chunks whose container is gone; and seeks slices for jobs that wait.
+As with notebooks (sessions/notebooks/reconcile.py), safe to run at any time.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import timedelta
+
+from django.db import transaction
+from django.utils import timezone
+
+from sessions.gpus.holders import HolderKind
+from sessions.gpus.models import Slice
+from sessions.render import containers, progress, services
+from sessions.render.models import RenderChunk, RenderFrame, RenderJob
+from sessions.runtime.docker import DockerRuntime
+
+log = logging.getLogger(__name__)
+# A chunk's worker removes its container, then records the chunk: a chunk seen rendering without a
+# container is put back only once this much has passed since it began.
+GRACE = timedelta(minutes=2)
+ChunkState = RenderChunk.State
+
+
+def put_back(chunk_id: int, count_attempt: bool) -> bool:
+    """A rendering chunk whose worker is gone waits again (its frames not done with it)."""
+    with transaction.atomic():
+        chunk = RenderChunk.objects.select_for_update().filter(pk=chunk_id, state=ChunkState.RENDERING).first()
+        if chunk is None:
+            return False
+        chunk.state = ChunkState.PENDING
+        if not count_attempt:
+            chunk.attempts = max(0, chunk.attempts - 1)
+        chunk.save(update_fields=["state", "attempts"])
+        frames = RenderFrame.objects.filter(job_id=chunk.job_id, number__in=chunk.frames)
+        frames.filter(state=RenderFrame.State.RENDERING).update(state=RenderFrame.State.PENDING)
+    return True
+
+
+def recover_after_restart(runtime: DockerRuntime | None = None) -> dict[str, int]:
+    """The render worker has just started, so none of its workers runs: every rendering chunk was cut off.
+    (One render worker per portal: the supervisor's `render` program.)"""
+    runtime = runtime or DockerRuntime()
+    counts = {"chunks_put_back": 0, "probes_restarted": 0, "workers_sent": 0}
+    for chunk in RenderChunk.objects.filter(state=ChunkState.RENDERING):
+        containers.stop(runtime, containers.of_chunk(runtime, chunk.pk))
+        for container_id in containers.of_chunk(runtime, chunk.pk):
+            runtime.remove(container_id)
+        counts["chunks_put_back"] += int(put_back(chunk.pk, count_attempt=False))
+    for job in RenderJob.objects.filter(state=RenderJob.State.ESTIMATING):
+        _restart_probe(runtime, job.pk)
+        counts["probes_restarted"] += 1
+    for job_id in RenderJob.objects.filter(state__in=services.RUNNING).values_list("pk", flat=True):
+        counts["workers_sent"] += services.dispatch(job_id)
+    return counts
+
+
+def _restart_probe(runtime: DockerRuntime, job_id: int) -> None:
+    found = containers.of_job(runtime, job_id)
+    ended = containers.stop(runtime, found)
+    for container_id in found:
+        runtime.remove(container_id)
+    for taken in services.held_by(job_id):
+        services.end_holding(taken.pk, taken.held_from, ended, "render probe cut off")
+    services.send_estimate(job_id)
+
+
+def reconcile(runtime: DockerRuntime | None = None) -> dict[str, int]:
+    runtime = runtime or DockerRuntime()
+    counts = {"slices_released": 0, "containers_removed": 0, "chunks_put_back": 0, "workers_sent": 0}
+    counts["slices_released"] = _release_leftover_slices(runtime)
+    counts["containers_removed"] = _remove_leftover_containers(runtime)
+    counts["chunks_put_back"] = _put_back_lost_chunks(runtime)
+    waiting = RenderJob.objects.filter(state__in=services.RUNNING, chunks__state=ChunkState.PENDING).distinct()
+    for job_id in waiting.values_list("pk", flat=True):
+        if not services.held_by(job_id):
+            counts["workers_sent"] += services.dispatch(job_id)
+    return counts
+
+
+def _release_leftover_slices(runtime: DockerRuntime) -> int:
+    """Slices held for jobs that ended or no longer exist (their worker crashed before it released them)."""
+    held = Slice.objects.filter(released_at__isnull=True, holder_kind=HolderKind.RENDER)
+    live = RenderJob.objects.exclude(state__in=RenderJob.ENDED).values("pk")
+    released = 0
+    for taken in held.exclude(holder_id__in=live):
+        assert taken.holder_id is not None
+        found = containers.of_job(runtime, taken.holder_id)
+        ended = containers.stop(runtime, found)
+        try:
+            services.end_holding(taken.pk, taken.held_from, ended, "its render job had ended")
+        except Exception as error:  # one slice that cannot be freed must not stop the rest
+            log.error("slice %s: could not release it: %s", taken.pk, error)
+            continue
+        released += 1
+    return released
+
+
+def _remove_leftover_containers(runtime: DockerRuntime) -> int:
+    """Containers of render jobs that ended, once their worker had time to remove them itself."""
+    removed = 0
+    ended = RenderJob.objects.filter(state__in=RenderJob.ENDED, finished_at__lt=timezone.now() - GRACE)
+    for container_id in runtime.containers_for(containers.JOB_LABEL):
+        job_id = containers.job_of(runtime, container_id)
+        if job_id is not None and ended.filter(pk=job_id).exists():
+            runtime.remove(container_id)
+            removed += 1
+    return removed
+
+
+def _put_back_lost_chunks(runtime: DockerRuntime) -> int:
+    """Rendering chunks long after they began whose container is gone, or ended a while ago: their worker
+    died (a live one removes its container and records the chunk within moments of its end)."""
+    lost = 0
+    since = timezone.now() - GRACE
+    stale = RenderChunk.objects.filter(state=ChunkState.RENDERING, started_at__lt=since)
+    for chunk in stale.exclude(job__state__in=RenderJob.ENDED).select_related("job"):
+        found = containers.of_chunk(runtime, chunk.pk)
+        states = [containers.inspect(runtime, container_id) for container_id in found]
+        if any(state is not None and (state.running or (state.finished_at or since) > since) for state in states):
+            continue
+        for container_id in found:
+            runtime.remove(container_id)
+        if put_back(chunk.pk, count_attempt=True):
+            lost += 1
+            progress.announce(chunk.job)
+            services.dispatch(chunk.job_id)
+    return lost

@@ -1,0 +1,380 @@
+"""Render jobs from the estimate on: the probe, confirmation, the job's slices, cancel and re-queue. Only these
+functions, the slices' workers (``sessions.render.chunks``) and ``sessions.render.jobs`` (before the
+estimate) change a job.
+
+A probe renders one frame at few samples on a small slice in the sandbox; its minutes are the only ones a
+job costs before its owner confirms. A confirmed job is cut into chunks; it holds up to ``max_slices``
+slices, and each slice's worker takes the next chunk that is waiting until none is left for it, then
+releases the slice at once. A slice's holding runs from its first container's start to its last one's end,
+as Docker recorded them: what the billing meter charges. Tasks call these; these enqueue tasks by name.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import shutil
+from dataclasses import asdict, dataclass
+from datetime import datetime
+
+from django.conf import settings
+from django.contrib.auth.models import User
+from django.db import transaction
+from django.utils import timezone
+
+from portal.celery import app as celery_app
+from sessions.gpus import catalog
+from sessions.gpus.allocator import (
+    AllocationRefused,
+    SliceRequest,
+    allocate,
+    holding_ended,
+    holding_started,
+    release,
+)
+from sessions.gpus.holders import Holder
+from sessions.gpus.models import Slice
+from sessions.notebooks import pricing
+from sessions.render import containers, jobs, progress
+from sessions.render.models import RenderChunk, RenderFrame, RenderJob
+from sessions.runtime import blender
+from sessions.runtime.blender import RenderSettings
+from sessions.runtime.docker import DockerRuntime, RuntimeError_
+from sessions.runtime.render import RENDER_IMAGE, Probe, Scene, SceneUnreadable, probe
+from sessions.runtime.slices import spec_for
+
+log = logging.getLogger(__name__)
+State = RenderJob.State
+ChunkState = RenderChunk.State
+FrameState = RenderFrame.State
+ESTIMATE_JOB = "sessions.render.tasks.estimate_job"
+DISPATCH_JOB = "sessions.render.tasks.dispatch_job"
+WORK_ON_SLICE = "sessions.render.tasks.work_on_slice"
+# Billing's task that charges a holding to its end, by name: sessions never import billing.
+CHARGE_HOLDING = "billing.tasks.charge_holding"
+RUNNING = (State.QUEUED, State.RENDERING)
+ESTIMATE_FILE = "estimate.json"
+PROBE = "probe"  # the probe's output folder in the job's, removed after it
+
+
+class Refused(Exception):
+    """The step was not taken; the message says why, for its owner."""
+
+
+class ProbeWaits(Exception):
+    """No slice is free for the probe now; the task tries again later."""
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """What the probe found: the scene's facts as Blender read them, and what the job would take and cost."""
+
+    facts: dict[str, object]
+    device: str
+    probe_samples: int
+    seconds_per_frame: float
+    overhead_s: float
+    frames: int
+    chunks: int
+    slices: int
+    total_seconds: float
+    cost: str
+
+    @property
+    def on_gpu(self) -> bool:
+        return self.device != "CPU"
+
+
+def locked(job_id: int) -> RenderJob:
+    return RenderJob.objects.select_for_update().get(pk=job_id)
+
+
+def _send(task: str, *args: int) -> None:
+    transaction.on_commit(lambda: celery_app.send_task(task, args=list(args)))
+
+
+def render_settings(job: RenderJob, taken: Slice) -> RenderSettings:
+    return RenderSettings(
+        samples=job.samples,
+        percentage=job.resolution_percent,
+        file_format=job.output_format,
+        gpu=blender.cycles_gpu(taken.gpu.simulated),
+    )
+
+
+def scene_of(job: RenderJob) -> Scene:
+    return Scene(job.scene_path(), job.main_file)
+
+
+# The estimate -------------------------------------------------------------------------------------------
+
+
+def request_estimate(job_id: int) -> RenderJob:
+    """A checked job (or one awaiting confirmation, asked again) goes to the probe."""
+    with transaction.atomic():
+        job = locked(job_id)
+        job.save(update_fields=job.move(State.ESTIMATING))
+        _send(ESTIMATE_JOB, job_id)
+        progress.announce(job)
+    return job
+
+
+def send_estimate(job_id: int) -> None:
+    celery_app.send_task(ESTIMATE_JOB, args=[job_id])
+
+
+def probe_request(job: RenderJob) -> SliceRequest:
+    """A small slice of the same kind: a MIG job's model's smallest profile, else what the job asks for."""
+    request = job.request
+    if request.kind != Slice.Kind.MIG or not request.model:
+        return request
+    profiles = [p for p in catalog.model(catalog.resolve(request.model)).profiles if not p.media_extensions]
+    smallest = min(profiles, key=lambda p: (p.compute_slices, p.memory_gib), default=None)
+    return SliceRequest(request.kind, smallest.name if smallest else request.profile, request.model, market=job.market)
+
+
+def _probe_slice(job: RenderJob) -> Slice | None:
+    """A slice for the probe; None if the job holds one already (another probe of it runs)."""
+    with transaction.atomic():
+        locked(job.pk)
+        if held_by(job.pk):
+            return None
+        return _allocate_for_probe(job)
+
+
+def _allocate_for_probe(job: RenderJob) -> Slice:
+    holder = Holder.render(job.pk)
+    try:
+        return allocate(job.owner, probe_request(job), holder=holder)
+    except AllocationRefused:
+        try:
+            return allocate(job.owner, job.request, holder=holder)
+        except AllocationRefused as refused:
+            raise ProbeWaits(refused.reason) from None
+
+
+def estimate(job_id: int) -> RenderJob:
+    """Probe the job's first frame in the sandbox and record the estimate; a scene Blender cannot read fails
+    the job with Blender's own words. ProbeWaits while no slice is free."""
+    job = RenderJob.objects.select_related("owner").get(pk=job_id)
+    if job.state != State.ESTIMATING:
+        return job
+    taken = _probe_slice(job)
+    if taken is None:
+        return job
+    output = job.folder_path() / PROBE
+    output.mkdir(exist_ok=True)
+    watched = containers.Watched(on_started=lambda at: holding_started(taken.pk, at))
+    found: Probe | Exception
+    try:
+        spec = spec_for(taken, RENDER_IMAGE, labels=containers.labels(job.pk))
+        found = probe(
+            watched,
+            spec,
+            scene_of(job),
+            output,
+            render_settings(job, taken),
+            frame=job.frames[0],
+            wall_time_s=settings.RENDER_PROBE_WALL_SECONDS,
+        )
+    except (SceneUnreadable, RuntimeError_, FileNotFoundError, ValueError) as error:
+        found = error
+    finally:
+        end_holding(taken.pk, watched.started_at, watched.finished_at, "render probe done")
+        shutil.rmtree(output, ignore_errors=True)
+    return _estimated(job_id, found)
+
+
+def no_slice_for_probe(job_id: int, reason: str) -> RenderJob:
+    """The probe waited too long for a slice: the job fails, and says so."""
+    return _estimated(job_id, Refused(f"No slice was free for the estimate: {reason}"))
+
+
+def _estimated(job_id: int, found: Probe | Exception) -> RenderJob:
+    with transaction.atomic():
+        job = locked(job_id)
+        if job.state != State.ESTIMATING:  # cancelled meanwhile
+            return job
+        if isinstance(found, Exception):
+            job.save(update_fields=job.move(State.FAILED, _probe_failure(found)))
+        else:
+            _write_estimate(job, found)
+            job.save(update_fields=job.move(State.AWAITING_CONFIRMATION))
+        progress.announce(job)
+    return job
+
+
+def _probe_failure(error: Exception) -> str:
+    if isinstance(error, SceneUnreadable):
+        return f"{error}\n\n{error.excerpt}".strip()
+    if isinstance(error, Refused):
+        return str(error)
+    log.warning("render probe could not run: %s", error)
+    return f"The probe could not run: {error}"
+
+
+def _write_estimate(job: RenderJob, found: Probe) -> None:
+    chunks = math.ceil(job.frame_count / max(1, job.chunk_size))
+    slices = max(1, min(job.max_slices, chunks))
+    per_frame = found.seconds_at(job.samples)
+    per_chunk = job.chunk_size * per_frame + found.overhead_s
+    total = math.ceil(chunks / slices) * per_chunk
+    rate = pricing.current().per_minute(job.request, job.market)
+    cost = None if rate is None else rate * slices * max(1, math.ceil(total / 60))
+    estimate = Estimate(
+        facts={**asdict(found.facts), "version": list(found.facts.version)},
+        device=found.result.device or "CPU",
+        probe_samples=found.samples,
+        seconds_per_frame=round(per_frame, 2),
+        overhead_s=round(found.overhead_s, 2),
+        frames=job.frame_count,
+        chunks=chunks,
+        slices=slices,
+        total_seconds=round(total, 1),
+        cost=progress.shown(cost),
+    )
+    (job.folder_path() / ESTIMATE_FILE).write_text(json.dumps(asdict(estimate)))
+
+
+def estimate_of(job: RenderJob) -> Estimate | None:
+    """The job's estimate, once its probe has run."""
+    path = job.folder_path() / ESTIMATE_FILE
+    try:
+        return Estimate(**json.loads(path.read_text()))
+    except (OSError, ValueError, TypeError):
+        return None
+
+
+# Confirming, and cutting the job into chunks ------------------------------------------------------------
+
+
+def split(frames: list[int], chunk_size: int) -> list[list[int]]:
+    """Frames in chunks of ``chunk_size``, in order."""
+    size = max(1, chunk_size)
+    return [frames[start : start + size] for start in range(0, len(frames), size)]
+
+
+def confirm(job_id: int, by: User) -> RenderJob:
+    """Its owner accepts the estimate: the job is queued, its frames and chunks recorded, slices sought."""
+    with transaction.atomic():
+        job = locked(job_id)
+        if job.state != State.AWAITING_CONFIRMATION:
+            raise Refused(f"A job that is {job.get_state_display().lower()} cannot be confirmed.")
+        refusal = pricing.current().refusal(job.owner, job.request, job.spot)
+        if refusal:
+            raise Refused(refusal)
+        job.save(update_fields=job.move(State.QUEUED))
+        RenderFrame.objects.bulk_create([RenderFrame(job=job, number=number) for number in job.frames])
+        _add_chunks(job, list(job.frames), first_index=0)
+        _send(DISPATCH_JOB, job_id)
+        progress.announce(job)
+    return job
+
+
+def _add_chunks(job: RenderJob, frames: list[int], first_index: int) -> None:
+    RenderChunk.objects.bulk_create(
+        [
+            RenderChunk(job=job, index=first_index + number, frames=chunk)
+            for number, chunk in enumerate(split(frames, job.chunk_size))
+        ]
+    )
+
+
+def requeue_failed(job_id: int) -> RenderJob:
+    """Queue a failed job's frames that are not done again, in new chunks; the done ones stay."""
+    with transaction.atomic():
+        job = locked(job_id)
+        if job.state != State.FAILED:
+            raise Refused(f"Only a failed job's frames can be queued again; this one is {job.get_state_display()}.")
+        if not job.frame_results.exists():
+            raise Refused("This job failed before it rendered anything; upload the scene again.")
+        missing = list(job.frame_results.exclude(state=FrameState.DONE).values_list("number", flat=True))
+        if not missing:
+            raise Refused("Every frame of this job is done.")
+        job.save(update_fields=job.move(State.QUEUED))
+        job.frame_results.filter(number__in=missing).update(state=FrameState.PENDING)
+        last = job.chunks.order_by("-index").values_list("index", flat=True).first()
+        _add_chunks(job, sorted(missing), first_index=(last or 0) + 1)
+        _send(DISPATCH_JOB, job_id)
+        progress.announce(job)
+    return job
+
+
+# Slices: allocating, holding, releasing -------------------------------------------------------------------
+
+
+def held_by(job_id: int) -> list[Slice]:
+    return list(progress.slices_of(job_id).filter(released_at__isnull=True).order_by("pk"))
+
+
+def dispatch(job_id: int) -> int:
+    """Give a queued or rendering job up to ``max_slices`` slices while chunks wait, and a worker to each of
+    its slices that has none; returns how many workers were sent. No slice free: it waits (reconciliation
+    tries again)."""
+    job = RenderJob.objects.select_related("owner").get(pk=job_id)
+    if job.state not in RUNNING:
+        return 0
+    waiting = job.chunks.filter(state=ChunkState.PENDING).count()
+    held = held_by(job_id)
+    rendering = set(job.chunks.filter(state=ChunkState.RENDERING).values_list("slice_id", flat=True))
+    idle = [taken for taken in held if taken.pk not in rendering]
+    wanted = min(job.max_slices, len(held) - len(idle) + waiting)
+    for _ in range(max(0, wanted - len(held))):
+        try:
+            idle.append(allocate(job.owner, job.request, holder=Holder.render(job_id)))
+        except AllocationRefused as refused:
+            log.info("render job %s waits for a slice: %s", job_id, refused.reason)
+            break
+    for taken in idle:
+        celery_app.send_task(WORK_ON_SLICE, args=[job_id, taken.pk])
+    return len(idle)
+
+
+def end_holding(slice_id: int, since: datetime | None, until: datetime | None, reason: str) -> None:
+    """Record the end of a slice's holding (its last container's end; now if the engine did not say) and
+    release it; billing then charges the holding to its end. A slice already released is left as it is."""
+    with transaction.atomic():
+        taken = Slice.objects.select_for_update().get(pk=slice_id)
+        since = taken.held_from or since
+        if since is not None:
+            holding_ended(slice_id, since, until or timezone.now())
+            transaction.on_commit(lambda: celery_app.send_task(CHARGE_HOLDING, args=[slice_id]), robust=True)
+        if taken.released_at is None:  # locked: no other release gets between
+            release(slice_id, reason=reason)
+
+
+def stop_job(job: RenderJob) -> None:
+    """The job ended: its waiting chunks never run, its running ones are stopped once this commits (their
+    workers then release their slices)."""
+    job.chunks.filter(state=ChunkState.PENDING).update(state=ChunkState.CANCELLED, finished_at=timezone.now())
+    job.frame_results.filter(state=FrameState.RENDERING).update(state=FrameState.PENDING)
+    job_id = job.pk
+    transaction.on_commit(lambda: _stop_and_release(job_id, "render job ended"), robust=True)
+
+
+def _stop_and_release(job_id: int, reason: str) -> None:
+    """Stop the job's containers and release its slices, each holding ending when its container did."""
+    runtime = DockerRuntime()
+    ended = containers.stop(runtime, containers.of_job(runtime, job_id))
+    for taken in held_by(job_id):
+        end_holding(taken.pk, taken.held_from, ended, reason)
+
+
+# Cancel ---------------------------------------------------------------------------------------------------
+
+
+def cancel(job_id: int) -> RenderJob:
+    """Cancel a job: before it is queued its files go (``jobs.cancel_before_queue``); after, its containers
+    stop and its slices are released at once, so charges end there. Its finished frames stay."""
+    if RenderJob.objects.get(pk=job_id).state in RenderJob.BEFORE_QUEUE:
+        return jobs.cancel_before_queue(job_id)
+    with transaction.atomic():
+        job = locked(job_id)
+        if job.ended:
+            raise RenderJob.BadStep(f"This job is already {job.get_state_display().lower()}.")
+        job.save(update_fields=job.move(State.CANCELLED))
+        job.chunks.filter(state=ChunkState.RENDERING).update(state=ChunkState.CANCELLED, finished_at=timezone.now())
+        stop_job(job)
+        progress.announce(job)
+    return job

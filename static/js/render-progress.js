@@ -1,0 +1,48 @@
+// A render job's page: its progress as the render worker pushes it (/ws/render/<job>/). The region marked
+// data-render-progress holds elements named by data-field (frames_done, frames_total, percent, sample,
+// samples, seconds_per_frame, eta, cost, state_label, log_tail, thumbnail); each is filled with
+// textContent (an image's src for the thumbnail), never as markup. When the job ends the page is loaded
+// again, so its gallery and actions come from the server.
+(function () {
+  "use strict";
+  var region = document.querySelector("[data-render-progress]");
+  if (!region || !window.WebSocket || !window.Portal) { return; }
+  var ENDED = {done: true, failed: true, cancelled: true};
+  var shownState = region.getAttribute("data-state");
+
+  function put(name, value) {
+    var found = region.querySelectorAll('[data-field="' + name + '"]');
+    for (var i = 0; i < found.length; i += 1) {
+      var element = found[i];
+      if (element.tagName === "PROGRESS") {
+        element.value = Number(value) || 0;
+      } else if (element.tagName === "IMG") {
+        if (value) { element.src = value; element.hidden = false; }
+      } else {
+        element.textContent = value === null || value === undefined ? "—" : String(value);
+      }
+    }
+  }
+
+  function duration(seconds) {
+    if (seconds === null || seconds === undefined) { return null; }
+    var whole = Math.round(seconds);
+    return whole < 60 ? whole + " s" : Math.floor(whole / 60) + " min " + (whole % 60) + " s";
+  }
+
+  window.Portal.liveSocket(region.getAttribute("data-render-progress"), function (message) {
+    if (message.type !== "render.progress") { return; }
+    put("state_label", message.state_label);
+    put("frames_done", message.frames_done);
+    put("frames_total", message.frames_total);
+    put("percent", message.percent);
+    put("seconds_per_frame", duration(message.seconds_per_frame));
+    put("eta", duration(message.eta_seconds));
+    put("cost", message.cost || null);
+    put("thumbnail", message.thumbnail);
+    if (message.samples) { put("sample", message.sample); put("samples", message.samples); }
+    if (message.log_tail) { put("log_tail", message.log_tail.join("\n")); }
+    if (message.state !== shownState && ENDED[message.state]) { window.location.reload(); }
+    shownState = message.state;
+  });
+})();

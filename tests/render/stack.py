@@ -1,0 +1,233 @@
+"""The real render stack for lifecycle tests: the render image, scenes Blender makes in it, a Celery worker
+on the render queue (threads, as the supervisor runs it), and jobs written straight into the database at
+the step a test starts from.
+
+Import the fixtures into a test module by name (``from tests.render.stack import render_worker ...``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import secrets
+import shutil
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.conf import settings
+from django.contrib.auth.models import User
+
+from portal.celery import app, render_queue
+from sessions.gpus.backends import get_backend
+from sessions.gpus.holders import HolderKind
+from sessions.gpus.models import Slice
+from sessions.render.models import RenderJob
+from sessions.runtime.render import RENDER_IMAGE
+from tests.conftest import ARTIFACTS, RUN_ID
+from tests.gpus.conftest import use_fleet
+from tests.helpers import processes
+from tests.helpers.processes import BIN, ROOT
+
+DOCKER = "/usr/bin/docker"
+CHUNK_ATTEMPTS = 2  # the render worker's PORTAL_RENDER_CHUNK_ATTEMPTS in these tests
+MIG_OFFER = {"gpu_kind": "mig", "gpu_profile": "1g.18gb", "gpu_model": "H200-SXM5-141GB"}
+
+# Scripts Blender runs in the image (trusted, outside our sandbox) to make test scenes in /out.
+SMALL_SCENE = """
+import bpy
+scene = bpy.context.scene
+scene.render.engine = "CYCLES"
+scene.cycles.samples = 4
+scene.render.resolution_x, scene.render.resolution_y, scene.render.resolution_percentage = 64, 48, 100
+scene.frame_start, scene.frame_end = 1, 3
+cube = bpy.data.objects["Cube"]
+cube.keyframe_insert("rotation_euler", frame=1)
+cube.rotation_euler[2] = 1.5
+cube.keyframe_insert("rotation_euler", frame=3)
+bpy.ops.wm.save_as_mainfile(filepath="/out/small.blend")
+"""
+# Many samples at a larger size: a frame takes long enough to cancel the job while it renders.
+SLOW_SCENE = (
+    SMALL_SCENE.replace("samples = 4", "samples = 4096")
+    .replace("64, 48, 100", "320, 240, 100")
+    .replace("small.blend", "slow.blend")
+)
+# No camera: Blender reads the file, then refuses to render any frame of it.
+NO_CAMERA_SCENE = SMALL_SCENE.replace(
+    'cube = bpy.data.objects["Cube"]',
+    'bpy.data.objects.remove(bpy.data.objects["Camera"])\ncube = bpy.data.objects["Cube"]',
+).replace("small.blend", "no-camera.blend")
+
+
+def blender_in_image(folder: Path, script: str) -> None:
+    command = [DOCKER, "run", "--rm", "--network", "none", "--user", "root", "-v", f"{folder}:/out", RENDER_IMAGE]
+    command += ["blender", "-b", "--factory-startup", "--python-expr", script]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300, check=False)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+
+
+@pytest.fixture(scope="session")
+def render_image(docker_engine: str) -> str:
+    subprocess.run([str(ROOT / "compose/bin/build-render-image")], check=True, timeout=1500)
+    return RENDER_IMAGE
+
+
+@contextlib.contextmanager
+def own_folder(name: str) -> Iterator[Path]:
+    """A folder of this run's own, outside pytest's temporary folders: another pytest run on the machine
+    prunes those (it keeps the last three) while this run's render worker may still write into them."""
+    folder = Path(tempfile.mkdtemp(prefix=f"gpu-portal-{name}-{RUN_ID}-", dir="/var/tmp"))
+    try:
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+# Each module that imports these fixtures gets a definition of its own, so a session fixture would run
+# once per module: the scenes, the render folder and the worker are made once per run and kept here.
+SHARED: dict[str, Any] = {}
+
+
+@contextlib.contextmanager
+def once(key: str, make: Callable[[], contextlib.AbstractContextManager[Any]]) -> Iterator[Any]:
+    """The run's one value for ``key``: made by the first fixture that asks, ended with that fixture."""
+    if key in SHARED:
+        yield SHARED[key]
+        return
+    with make() as value:
+        SHARED[key] = value
+        try:
+            yield value
+        finally:
+            del SHARED[key]
+
+
+@contextlib.contextmanager
+def scene_folder() -> Iterator[Path]:
+    with own_folder("render-scenes") as folder:
+        for script in (SMALL_SCENE, SLOW_SCENE, NO_CAMERA_SCENE):
+            blender_in_image(folder, script)
+        (folder / "unreadable.blend").write_bytes(b"BLENDER-v304" + secrets.token_bytes(4096))
+        yield folder
+
+
+@pytest.fixture(scope="session")
+def scenes(render_image: str) -> Iterator[Path]:
+    with once("scenes", scene_folder) as folder:
+        yield folder
+
+
+@pytest.fixture(scope="session")
+def render_root() -> Iterator[Path]:
+    with once("render_root", lambda: own_folder("render-root")) as folder:
+        yield folder
+
+
+def start_render_worker(render_root: Path, log_path: Path) -> tuple[subprocess.Popen[bytes], str]:
+    name = f"render-{RUN_ID}@127.0.0.1"
+    env = processes.child_env(
+        PORTAL_RENDER_DIR=str(render_root),
+        PORTAL_RENDER_CHUNK_ATTEMPTS=str(CHUNK_ATTEMPTS),
+        PORTAL_RENDER_CHUNK_WALL_SECONDS="600",
+    )
+    command = [str(BIN / "celery"), "--app", "portal", "worker", "--pool", "threads", "--concurrency", "2"]
+    command += ["--queues", render_queue(), "--hostname", name, "--without-gossip", "--without-mingle"]
+    log = log_path.open("ab")
+    process = subprocess.Popen(
+        [*command, "--loglevel", "INFO"], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT
+    )
+    processes.ready_or_stopped(
+        process, lambda: bool(app.control.ping(destination=[name], timeout=0.5)), 60, "render worker"
+    )
+    return process, name
+
+
+@pytest.fixture(scope="session")
+def render_worker(celery_worker: str, render_image: str, render_root: Path) -> Iterator[str]:
+    """A Celery worker on the render queue, beside the session's worker on the default queue (dispatch,
+    billing's end-of-holding charge)."""
+    with once("render_worker", lambda: running_worker(render_root)) as name:
+        yield name
+
+
+@contextlib.contextmanager
+def running_worker(render_root: Path) -> Iterator[str]:
+    process, name = start_render_worker(render_root, ARTIFACTS / "logs" / "render-worker.log")
+    try:
+        yield name
+    finally:
+        processes.stop(process)
+
+
+@pytest.fixture
+def render_stack(render_worker: str, render_root: Path, settings, transactional_db: None) -> Iterator[Path]:  # type: ignore[no-untyped-def]
+    """The render folder the worker uses, and the simulated fleet every process here knows (the default)."""
+    settings.RENDER_DIR = render_root
+    use_fleet(settings, settings.SIMULATED_FLEET)
+    from billing import seeds
+    from billing.models import Price
+
+    seeds.ensure(Price)  # a transactional test starts from an empty table
+    yield render_root
+    # The test's rows are flushed next: let the worker finish with them first (a slice's worker releases
+    # its slice just after the job's last push).
+    wait_for(lambda: not running_tasks(render_worker), 60, "the render worker idle")
+    get_backend.cache_clear()
+
+
+def running_tasks(worker: str) -> list[object]:
+    """The tasks a worker is running now; empty when it is idle."""
+    found = app.control.inspect(destination=[worker], timeout=1).active() or {}
+    return list(found.get(worker, []))
+
+
+def make_job(owner: User, scene: Path, frames: list[int], state: str, **fields: object) -> RenderJob:
+    """A job whose upload was checked, at ``state``, its scene copied in as its main file."""
+    folder = f"t{owner.pk}/{secrets.token_hex(8)}"
+    job = RenderJob(
+        owner=owner,
+        state=state,
+        upload_name=scene.name,
+        folder=folder,
+        main_file="scene.blend",
+        frame_spec=",".join(str(n) for n in frames),
+        frames=frames,
+        frame_count=len(frames),
+        **{"resolution_percent": 100, "chunk_size": 2, "max_slices": 1, **MIG_OFFER, **fields},  # type: ignore[arg-type]
+    )
+    job.scene_path().mkdir(parents=True)
+    shutil.copy(scene, job.scene_path() / "scene.blend")
+    job.save(force_insert=True)
+    return job
+
+
+def wait_for(check: Callable[[], object], timeout: float, what: str) -> object:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = check()
+        if found:
+            return found
+        time.sleep(0.2)
+    raise AssertionError(f"not within {timeout} s: {what}")
+
+
+def state_of(job: RenderJob) -> str:
+    return RenderJob.objects.get(pk=job.pk).state
+
+
+def slices_of(job: RenderJob) -> list[Slice]:
+    return list(Slice.objects.filter(holder_kind=HolderKind.RENDER, holder_id=job.pk).order_by("pk"))
+
+
+def containers_of(job: RenderJob) -> list[str]:
+    label = f"label=gpu-portal.render_job={job.pk}"
+    found = subprocess.run([DOCKER, "ps", "-aq", "--filter", label], capture_output=True, text=True, check=True)
+    return found.stdout.split()
+
+
+def settings_queue() -> str:
+    return str(settings.CELERY_TASK_DEFAULT_QUEUE)

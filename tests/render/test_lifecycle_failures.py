@@ -1,0 +1,149 @@
+# ruff: noqa: F811 (the fixtures imported from tests.render.stack are parameters by name)
+"""Render jobs that do not end well, on the real stack: cancelled while a frame renders, a chunk that fails
+every attempt, a scene Blender cannot read at the probe, and what reconciliation frees after a crash."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from django.contrib.auth.models import User
+from django.utils import timezone
+
+from billing import meter
+from billing.models import ChargedMinute, Usage
+from sessions.gpus.allocator import SliceRequest, allocate, holding_started
+from sessions.gpus.holders import Holder
+from sessions.render import recovery, services
+from sessions.render.models import RenderChunk, RenderFrame, RenderJob
+from tests.render.stack import (  # noqa: F401 (fixtures)
+    CHUNK_ATTEMPTS,
+    containers_of,
+    make_job,
+    render_image,
+    render_root,
+    render_stack,
+    render_worker,
+    scenes,
+    slices_of,
+    state_of,
+    wait_for,
+)
+
+pytestmark = [pytest.mark.docker, pytest.mark.celery, pytest.mark.django_db(transaction=True)]
+State = RenderJob.State
+
+
+def rendering_on_a_held_slice(job: RenderJob) -> bool:
+    return RenderChunk.objects.filter(job=job, state=RenderChunk.State.RENDERING).exists() and any(
+        held.held_from for held in slices_of(job)
+    )
+
+
+def test_cancelling_mid_render_stops_the_container_and_ends_the_charges_at_once(
+    render_stack: Path, scenes: Path, alice: User
+) -> None:
+    job = make_job(alice, scenes / "slow.blend", [1, 2, 3, 4], State.AWAITING_CONFIRMATION, chunk_size=4)
+    services.confirm(job.pk, alice)
+    wait_for(lambda: rendering_on_a_held_slice(job), 120, "a chunk rendering on a held slice")
+    wait_for(lambda: containers_of(job), 30, "its container")
+
+    services.cancel(job.pk)
+    cancelled = timezone.now()
+
+    job.refresh_from_db()
+    assert job.state == State.CANCELLED
+    [held] = slices_of(job)
+    assert held.released_at is not None and held.held_until is not None
+    assert held.held_from is not None and held.held_from <= held.held_until <= cancelled
+    assert not RenderChunk.objects.filter(job=job, state__in=["pending", "rendering"]).exists()
+    assert not RenderFrame.objects.filter(job=job, state=RenderFrame.State.DONE).exists()
+    wait_for(lambda: not containers_of(job), 30, "the job's container removed by its worker")
+    with pytest.raises(RenderJob.BadStep, match="already cancelled"):
+        services.cancel(job.pk)
+    meter.charge_holding(held.pk)
+    assert not Usage.objects.get(slice=held).open
+
+
+def test_a_chunk_that_fails_is_tried_again_then_fails_the_job_with_blenders_words(
+    render_stack: Path, scenes: Path, alice: User
+) -> None:
+    job = make_job(alice, scenes / "no-camera.blend", [1, 2], State.AWAITING_CONFIRMATION, chunk_size=2)
+    services.confirm(job.pk, alice)
+    wait_for(lambda: state_of(job) in RenderJob.ENDED, 180, "the job to end")
+
+    job.refresh_from_db()
+    assert job.state == State.FAILED
+    assert f"failed {CHUNK_ATTEMPTS} times" in job.failure_message
+    assert "camera" in job.failure_message.lower(), job.failure_message  # Blender's own line, in the excerpt
+    [chunk] = RenderChunk.objects.filter(job=job)
+    assert (chunk.state, chunk.attempts) == (RenderChunk.State.FAILED, CHUNK_ATTEMPTS)
+    assert list(RenderFrame.objects.filter(job=job).values_list("state", flat=True)) == ["failed", "failed"]
+    wait_for(lambda: all(held.released_at for held in slices_of(job)), 30, "its slice released")
+    [held] = slices_of(job)
+    assert held.held_from is not None and held.held_until is not None
+    assert containers_of(job) == []
+
+    requeued = services.requeue_failed(job.pk)
+    assert requeued.state == State.QUEUED and requeued.failure_message == ""
+    assert list(RenderChunk.objects.filter(job=job).values_list("index", "frames")) == [(0, [1, 2]), (1, [1, 2])]
+    wait_for(lambda: state_of(job) == State.FAILED, 180, "the re-queued frames to fail again")
+    wait_for(lambda: all(held.released_at for held in slices_of(job)), 30, "every slice released")
+    assert len(slices_of(job)) == 2, "the re-queued frames got a slice of their own"
+
+
+def test_a_scene_blender_cannot_read_fails_at_the_probe_and_only_the_probe_is_billed(
+    render_stack: Path, scenes: Path, alice: User
+) -> None:
+    job = make_job(alice, scenes / "unreadable.blend", [1], State.VALIDATED)
+    services.request_estimate(job.pk)
+    wait_for(lambda: state_of(job) != State.ESTIMATING, 120, "the probe")
+
+    job.refresh_from_db()
+    assert job.state == State.FAILED
+    assert "could not read" in job.failure_message or "probe render" in job.failure_message
+    assert services.estimate_of(job) is None
+    [probe_slice] = slices_of(job)
+    assert probe_slice.released_at is not None
+    assert probe_slice.held_from is not None and probe_slice.held_until is not None
+    meter.charge_holding(probe_slice.pk)
+    assert ChargedMinute.objects.filter(usage__slice=probe_slice).count() >= 1
+
+
+def test_reconciliation_frees_the_slice_a_crashed_job_left_and_ends_its_holding(
+    render_stack: Path, scenes: Path, alice: User
+) -> None:
+    job = make_job(alice, scenes / "small.blend", [1], State.AWAITING_CONFIRMATION)
+    RenderJob.objects.filter(pk=job.pk).update(state=State.FAILED, finished_at=timezone.now())
+    left = allocate(alice, SliceRequest("mig", "1g.18gb", "H200"), holder=Holder.render(job.pk))
+    holding_started(left.pk, timezone.now() - timedelta(minutes=3))
+
+    counts = recovery.reconcile()
+
+    left.refresh_from_db()
+    assert counts["slices_released"] == 1
+    assert left.released_at is not None and left.held_until is not None
+    assert left.held_from is not None and left.held_until - left.held_from >= timedelta(minutes=3)
+    assert recovery.reconcile()["slices_released"] == 0
+
+
+def test_after_a_worker_restart_the_chunk_it_was_rendering_waits_again_and_is_rendered(
+    render_stack: Path, scenes: Path, alice: User
+) -> None:
+    """What the render worker finds at its start: a chunk marked rendering on the job's slice, its worker
+    gone. It is put back without losing an attempt, and the job's slice gets a worker again."""
+    job = make_job(alice, scenes / "small.blend", [1, 2], State.RENDERING, chunk_size=2)
+    held = allocate(alice, SliceRequest("mig", "1g.18gb", "H200"), holder=Holder.render(job.pk))
+    RenderFrame.objects.bulk_create([RenderFrame(job=job, number=n, state="rendering") for n in (1, 2)])
+    chunk = RenderChunk.objects.create(
+        job=job, index=0, frames=[1, 2], state="rendering", attempts=1, slice=held, started_at=timezone.now()
+    )
+
+    counts = recovery.recover_after_restart()
+
+    assert counts["chunks_put_back"] == 1 and counts["workers_sent"] == 1
+    wait_for(lambda: state_of(job) in RenderJob.ENDED, 180, "the job to end")
+    chunk.refresh_from_db()
+    assert state_of(job) == State.DONE and (chunk.state, chunk.attempts, chunk.slice_id) == ("done", 1, held.pk)
+    wait_for(lambda: slices_of(job)[0].released_at, 30, "its slice released")

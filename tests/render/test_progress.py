@@ -1,0 +1,118 @@
+"""Render progress: who may follow which job's socket, what a push reaches, and the figures it carries
+(frames done, average time per frame, ETA, cost so far at the offer's rate, the latest thumbnail)."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from decimal import ROUND_HALF_UP, Decimal
+from pathlib import Path
+
+import pytest
+from asgiref.sync import sync_to_async
+from channels.db import database_sync_to_async
+from django.contrib.auth.models import User
+from django.utils import timezone
+
+from billing import seeds
+from billing.launch import per_minute
+from billing.models import Price
+from portal import push
+from sessions.gpus.allocator import SliceRequest, allocate, holding_ended
+from sessions.gpus.holders import Holder
+from sessions.render import progress, services
+from sessions.render.models import RenderChunk, RenderFrame, RenderJob
+from sessions.runtime.blender_log import FrameSaved, Progress
+
+pytestmark = pytest.mark.django_db(transaction=True)
+OFFER = {"gpu_kind": "mig", "gpu_profile": "1g.18gb", "gpu_model": "H200-SXM5-141GB"}
+
+
+def a_job(owner: User, frames: list[int], state: str = RenderJob.State.RENDERING) -> RenderJob:
+    return RenderJob.objects.create(
+        owner=owner,
+        state=state,
+        upload_name="scene.blend",
+        folder=f"t{owner.pk}/progress",
+        main_file="scene.blend",
+        frame_spec="",
+        frames=frames,
+        frame_count=len(frames),
+        **OFFER,
+    )
+
+
+async def test_a_jobs_socket_is_for_its_owner_and_staff_and_nobody_else(alice: User, bob: User, staff: User) -> None:
+    from tests.helpers.websockets import open_socket
+
+    job = await database_sync_to_async(a_job)(alice, [1, 2])
+    path = f"/ws/render/{job.pk}/"
+    _, opened, code = await open_socket(path)
+    assert (opened, code) == (False, 4401)
+    _, opened, code = await open_socket(path, bob)
+    assert (opened, code) == (False, 4403), "bob may not follow alice's job"
+    _, opened, code = await open_socket("/ws/render/999999/", bob)
+    assert (opened, code) == (False, 4403), "a job that does not exist looks the same as someone else's"
+
+    alice_job, opened, _ = await open_socket(path, alice)
+    staff_job, staff_opened, _ = await open_socket(path, staff)
+    alice_all, all_opened, _ = await open_socket("/ws/render/", alice)
+    bob_all, _, _ = await open_socket("/ws/render/", bob)
+    assert opened and staff_opened and all_opened
+    await sync_to_async(push.render_progress)(alice.pk, job.pk, {"type": "render.progress", "job": job.pk})
+    for socket in (alice_job, staff_job, alice_all):
+        assert (await socket.receive_json_from(timeout=5))["job"] == job.pk
+    assert await bob_all.receive_nothing(timeout=0.5), "bob's list hears nothing of alice's jobs"
+    for socket in (alice_job, staff_job, alice_all, bob_all):
+        await socket.disconnect()
+
+
+def test_the_figures_count_done_frames_average_their_time_and_price_the_held_minutes(
+    alice: User,
+    settings,
+    tmp_path: Path,  # type: ignore[no-untyped-def]
+) -> None:
+    from tests.gpus.conftest import use_fleet
+
+    seeds.ensure(Price)
+    use_fleet(settings, "r: 1xH200:mig")
+    settings.RENDER_DIR = tmp_path
+    job = a_job(alice, [1, 2, 3, 4])
+    began = timezone.now() - timedelta(seconds=90)
+    RenderJob.objects.filter(pk=job.pk).update(started_at=began)
+    RenderChunk.objects.create(job=job, index=0, frames=[1, 2, 3, 4], state="rendering", started_at=began)
+    for number, seconds in ((1, 20), (2, 50)):  # 20 s, then 30 s more
+        RenderFrame.objects.create(job=job, number=number, state="done", finished_at=began + timedelta(seconds=seconds))
+    RenderFrame.objects.bulk_create([RenderFrame(job=job, number=n) for n in (3, 4)])
+    held = allocate(alice, SliceRequest("mig", "1g.18gb", "H200"), holder=Holder.render(job.pk))
+    holding_ended(held.pk, began, began + timedelta(seconds=61))  # two started minutes
+
+    figures = progress.snapshot(RenderJob.objects.get(pk=job.pk))
+
+    assert (figures["frames_done"], figures["frames_total"], figures["percent"]) == (2, 4, 50)
+    assert figures["seconds_per_frame"] == 25.0
+    assert figures["eta_seconds"] == 50.0  # two frames left at 25 s, on the one slice rendering
+    rate = per_minute(SliceRequest("mig", "1g.18gb", "H200"), "on_demand")
+    assert rate is not None and rate > 0
+    assert progress.cost_so_far(job) == 2 * rate
+    assert figures["cost"] == f"{(2 * rate).quantize(Decimal('0.01'), ROUND_HALF_UP):,} {settings.CURRENCY}"
+
+
+def test_a_chunk_run_pushes_each_frames_first_sample_and_every_saved_frame(alice: User) -> None:
+    job = a_job(alice, [1, 2])
+    saved: list[str] = []
+    run = progress.ChunkRun(job, on_saved=saved.append)
+    line = "Fra:1 Mem:9M | Time:00:00.40 | Remaining:00:00.03 | Scene, ViewLayer | Sample {}/4"
+    run.line(line.format(1), Progress(1, 0.4, 1, 4, "Sample 1/4"))
+    first_push = run.last_push
+    run.line(line.format(2), Progress(1, 0.5, 2, 4, "Sample 2/4"))
+    assert run.last_push == first_push, "a second sample line within half a second is not pushed"
+    run.line("Saved: '/out/frame_000001.png'", FrameSaved(1, "/out/frame_000001.png"))
+    assert saved == ["frame_000001.png"] and run.last_push > first_push
+    assert run.live()["log_tail"][-1] == "Saved: '/out/frame_000001.png'"
+    assert (run.live()["frame"], run.live()["samples"]) == (1, 4)
+
+
+def test_chunks_take_the_frames_in_order_the_last_one_shorter() -> None:
+    assert services.split([1, 2, 3, 4, 5], 2) == [[1, 2], [3, 4], [5]]
+    assert services.split([7], 10) == [[7]]
+    assert services.split([1, 2, 3], 0) == [[1], [2], [3]]
