@@ -147,3 +147,26 @@ def test_after_a_worker_restart_the_chunk_it_was_rendering_waits_again_and_is_re
     chunk.refresh_from_db()
     assert state_of(job) == State.DONE and (chunk.state, chunk.attempts, chunk.slice_id) == ("done", 1, held.pk)
     wait_for(lambda: slices_of(job)[0].released_at, 30, "its slice released")
+
+
+def test_reconciliation_puts_back_a_chunk_whose_worker_died_long_ago_and_it_is_rendered(
+    render_stack: Path, scenes: Path, alice: User
+) -> None:
+    """A chunk marked rendering for minutes with no container left: its worker died with the machine's
+    worker (no restart yet). Reconciliation puts it back, counting the attempt, and the slice gets a worker."""
+    job = make_job(alice, scenes / "small.blend", [1], State.RENDERING, chunk_size=1)
+    held = allocate(alice, SliceRequest("mig", "1g.18gb", "H200"), holder=Holder.render(job.pk))
+    RenderFrame.objects.create(job=job, number=1, state="rendering")
+    began = timezone.now() - timedelta(minutes=5)
+    chunk = RenderChunk.objects.create(
+        job=job, index=0, frames=[1], state="rendering", attempts=1, slice=held, started_at=began
+    )
+
+    counts = recovery.reconcile()
+
+    assert counts["chunks_put_back"] == 1
+    wait_for(lambda: state_of(job) in RenderJob.ENDED, 180, "the job to end")
+    chunk.refresh_from_db()
+    assert state_of(job) == State.DONE and (chunk.state, chunk.attempts) == ("done", 2)
+    wait_for(lambda: slices_of(job)[0].released_at, 30, "its slice released")
+    assert recovery.reconcile()["chunks_put_back"] == 0
