@@ -156,11 +156,20 @@ def render_worker(celery_worker: str, render_image: str, render_root: Path) -> I
 
 @contextlib.contextmanager
 def running_worker(render_root: Path) -> Iterator[str]:
-    process, name = start_render_worker(render_root, ARTIFACTS / "logs" / "render-worker.log")
+    SHARED["render_process"], name = start_render_worker(render_root, ARTIFACTS / "logs" / "render-worker.log")
     try:
         yield name
     finally:
-        processes.stop(process)
+        processes.stop(SHARED.pop("render_process"))
+
+
+def kill_and_restart_render_worker(render_root: Path) -> None:
+    """SIGKILL the render worker (its threads die mid-chunk; Docker's containers run on), then start it again
+    under the same name, as the supervisor would."""
+    killed = SHARED["render_process"]
+    killed.kill()
+    killed.wait(timeout=30)
+    SHARED["render_process"], _ = start_render_worker(render_root, ARTIFACTS / "logs" / "render-worker.log")
 
 
 @pytest.fixture

@@ -20,6 +20,7 @@ from sessions.render.models import RenderChunk, RenderFrame, RenderJob
 from tests.render.stack import (  # noqa: F401 (fixtures)
     CHUNK_ATTEMPTS,
     containers_of,
+    kill_and_restart_render_worker,
     make_job,
     render_image,
     render_root,
@@ -170,3 +171,22 @@ def test_reconciliation_puts_back_a_chunk_whose_worker_died_long_ago_and_it_is_r
     assert state_of(job) == State.DONE and (chunk.state, chunk.attempts) == ("done", 2)
     wait_for(lambda: slices_of(job)[0].released_at, 30, "its slice released")
     assert recovery.reconcile()["chunks_put_back"] == 0
+
+
+def test_a_render_worker_killed_mid_chunk_puts_the_chunk_back_at_its_next_start_and_renders_it(
+    render_stack: Path, scenes: Path, alice: User
+) -> None:
+    job = make_job(alice, scenes / "slow.blend", [1], State.AWAITING_CONFIRMATION, chunk_size=1, samples=64)
+    services.confirm(job.pk, alice)
+    wait_for(lambda: rendering_on_a_held_slice(job) and containers_of(job), 120, "the chunk's container running")
+    [first_container] = containers_of(job)
+
+    kill_and_restart_render_worker(render_stack)
+
+    wait_for(lambda: state_of(job) in RenderJob.ENDED, 240, "the job to end after the restart")
+    [chunk] = RenderChunk.objects.filter(job=job)
+    assert state_of(job) == State.DONE and (chunk.state, chunk.attempts) == ("done", 1), "no attempt lost"
+    assert first_container not in containers_of(job)
+    wait_for(lambda: slices_of(job)[0].released_at, 30, "its slice released")
+    [held] = slices_of(job)
+    assert held.held_from is not None and held.held_until is not None
