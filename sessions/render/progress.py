@@ -28,7 +28,7 @@ from sessions.gpus.holders import HolderKind
 from sessions.gpus.models import Slice
 from sessions.notebooks import pricing
 from sessions.render.models import RenderChunk, RenderFrame, RenderJob
-from sessions.runtime.blender_log import Event, FrameSaved, Progress
+from sessions.runtime.blender_log import Event, FrameSaved, Marked, Progress
 
 PUSH_EVERY_S = 0.5  # sample lines come many a second; a frame saved or a state change goes at once
 TAIL_LINES = 12
@@ -145,9 +145,11 @@ class ChunkRun:
     tail: list[str] = field(default_factory=list)
     last_push: float = 0.0
     sampled: set[int] = field(default_factory=set)  # frames whose sampling has been pushed once
+    device: str | None = None  # where Cycles renders, as our Python in Blender said: CPU, CUDA, OPTIX
 
     def line(self, text: str, event: Event | None) -> None:
-        self.tail = [*self.tail[-(TAIL_LINES - 1) :], text[:500]]
+        if not isinstance(event, Marked):  # our own Python's lines carry the run's mark: not for the tail
+            self.tail = [*self.tail[-(TAIL_LINES - 1) :], text[:500]]
         if isinstance(event, Progress):
             self.frame = event.frame
             first_sample = event.sample is not None and event.frame not in self.sampled
@@ -157,13 +159,21 @@ class ChunkRun:
                 if first_sample:
                     self.sampled.add(event.frame)
                 self.push()
+        elif isinstance(event, Marked) and event.kind == "device" and isinstance(event.value, str):
+            self.device = event.value[:16]
         elif isinstance(event, FrameSaved):
             self.on_saved(event.path.rsplit("/", 1)[-1])
             self.sample = None
             self.push()
 
     def live(self) -> dict[str, Any]:
-        return {"frame": self.frame, "sample": self.sample, "samples": self.samples, "log_tail": self.tail}
+        return {
+            "frame": self.frame,
+            "sample": self.sample,
+            "samples": self.samples,
+            "device": self.device,
+            "log_tail": self.tail,
+        }
 
     def push(self) -> None:
         self.last_push = time.monotonic()

@@ -1,6 +1,6 @@
 // A render job's page: its progress as the render worker pushes it (/ws/render/<job>/). The region marked
 // data-render-progress holds elements named by data-field (frames_done, frames_total, percent, sample,
-// samples, seconds_per_frame, eta, cost, state_label, log_tail, thumbnail); each is filled with
+// samples, seconds_per_frame, eta, cost, state_label, device, log_tail, thumbnail); each is filled with
 // textContent (an image's src for the thumbnail), never as markup. When the job ends the page is loaded
 // again, so its gallery and actions come from the server.
 (function () {
@@ -40,6 +40,7 @@
     put("eta", duration(message.eta_seconds));
     put("cost", message.cost || null);
     put("thumbnail", message.thumbnail);
+    if (message.device) { put("device", message.device); }
     if (message.samples) { put("sample", message.sample); put("samples", message.samples); }
     if (message.log_tail) { put("log_tail", message.log_tail.join("\n")); }
     if (message.state !== shownState && ENDED[message.state]) { window.location.reload(); }

@@ -107,6 +107,7 @@ async def test_three_frames_render_on_a_mig_slice_with_live_progress_and_are_bil
     sampling = [event for event in events if event.get("samples") is not None]
     assert sampling and all(event["samples"] == 4 for event in sampling), events
     assert any(event.get("log_tail") for event in events)
+    assert {event.get("device") for event in events if event.get("device")} == {"CPU"}, "Cycles on the CPU"
     finished = events[-1]
     assert finished["frames_total"] == 3 and finished["percent"] == 100 and finished["cost"].endswith("CNY")
     assert finished["seconds_per_frame"] > 0 and finished["latest_frame"] in (1, 2, 3)

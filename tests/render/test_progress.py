@@ -21,7 +21,7 @@ from sessions.gpus.allocator import SliceRequest, allocate, holding_ended
 from sessions.gpus.holders import Holder
 from sessions.render import progress, services
 from sessions.render.models import RenderChunk, RenderFrame, RenderJob
-from sessions.runtime.blender_log import FrameSaved, Progress
+from sessions.runtime.blender_log import FrameSaved, Marked, Progress
 
 pytestmark = pytest.mark.django_db(transaction=True)
 OFFER = {"gpu_kind": "mig", "gpu_profile": "1g.18gb", "gpu_model": "H200-SXM5-141GB"}
@@ -109,6 +109,9 @@ def test_a_chunk_run_pushes_each_frames_first_sample_and_every_saved_frame(alice
     run.line("Saved: '/out/frame_000001.png'", FrameSaved(1, "/out/frame_000001.png"))
     assert saved == ["frame_000001.png"] and run.last_push > first_push
     assert run.live()["log_tail"][-1] == "Saved: '/out/frame_000001.png'"
+    run.line('gpu-portal-0123456789abcdef device "CPU"', Marked("device", "CPU"))
+    assert run.live()["device"] == "CPU", "where Cycles renders, as our marked line said"
+    assert not any("gpu-portal-" in line for line in run.live()["log_tail"]), "the run's mark stays out of the tail"
     assert (run.live()["frame"], run.live()["samples"]) == (1, 4)
 
 
