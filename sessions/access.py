@@ -29,11 +29,12 @@ class Action(StrEnum):
     STOP = "stop"  # a session; cancel, for a render job
     RELEASE = "release"  # a slice
     HUB = "hub"  # the hub acting for the owner: the launch spec, lifecycle events
-    CONFIGURE = "configure"  # a render job's settings before it runs (its main file): its owner's alone
+    CONFIGURE = "configure"  # a render job's settings before it runs (its main file, confirming): its owner's alone
+    REQUEUE = "requeue"  # a failed render job's frames queued again
 
 
 # Operators run the fleet: they may look at and end anyone's work, never act as its owner.
-OPERATOR_ACTIONS = frozenset({Action.VIEW, Action.STOP, Action.RELEASE})
+OPERATOR_ACTIONS = frozenset({Action.VIEW, Action.STOP, Action.RELEASE, Action.REQUEUE})
 
 
 class NotFound(Http404):

@@ -10,7 +10,7 @@ from __future__ import annotations
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.contrib.auth.models import User
-from django.http import HttpResponse
+from django.http import FileResponse, HttpResponse, StreamingHttpResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.views.decorators.csrf import csrf_exempt, csrf_protect
@@ -22,9 +22,9 @@ from portal.roles import can_launch, is_operator, launch_refusal
 from sessions import access
 from sessions.notebooks import pricing
 from sessions.notebooks.offers import offers
-from sessions.render import jobs
+from sessions.render import jobs, progress, results, services
 from sessions.render.forms import JobFilterForm, MainFileForm, RenderJobForm
-from sessions.render.models import RenderJob
+from sessions.render.models import RenderChunk, RenderJob
 from sessions.render.scenefile import SceneRefused
 from sessions.render.uploads import SceneUploadHandler, Upload
 
@@ -43,7 +43,7 @@ def _page(request: PortalRequest, form: RenderJobForm | None = None, status: int
     context: dict[str, object] = {
         "jobs": _listed(request),
         "everyone": is_operator(user),
-        "cancellable": RenderJob.BEFORE_QUEUE,
+        "cancellable": [state for state in RenderJob.State if state not in RenderJob.ENDED],
     }
     if is_operator(user):
         context["filters"] = JobFilterForm(request.GET or None)
@@ -101,10 +101,18 @@ def _upload(request: PortalRequest, incoming: Upload) -> HttpResponse:
         except SceneRefused as refused:
             form.add_error("scene", refused.message)
         else:
+            job = _estimate_if_checked(job)
             messages.success(request, _next_step(job))
             url = reverse("render-job-detail", args=[job.pk])
             return HttpResponseClientRedirect(url) if request.htmx else redirect(url)
     return _page(request, form, status=200 if request.htmx else 400)
+
+
+def _estimate_if_checked(job: RenderJob) -> RenderJob:
+    """A checked scene goes to the probe at once; a zip still waiting for its main file does not."""
+    if job.state == RenderJob.State.VALIDATED:
+        return services.request_estimate(job.pk)
+    return job
 
 
 def _next_step(job: RenderJob) -> str:
@@ -127,9 +135,20 @@ def _detail(
     request: PortalRequest, job: RenderJob, form: MainFileForm | None = None, status: int = 200
 ) -> HttpResponse:
     mine = job.owner_id == request.user.pk
-    context: dict[str, object] = {"job": job, "mine": mine, "cancellable": RenderJob.BEFORE_QUEUE}
+    context: dict[str, object] = {
+        "job": job,
+        "mine": mine,
+        "estimate": services.estimate_of(job) if job.state == RenderJob.State.AWAITING_CONFIRMATION else None,
+        "progress": progress.snapshot(job),
+        "frames": results.done_frames(job),
+        "failed_chunks": list(job.chunks.filter(state=RenderChunk.State.FAILED).exclude(log_excerpt="")[:3]),
+        "cancellable": not job.ended,
+        "may_requeue": access.may(request.user, access.Action.REQUEUE, job),
+    }
     if job.state == RenderJob.State.UPLOADED and mine:
         context["main_form"] = form or MainFileForm(job=job)
+    if request.htmx and request.htmx.target == "render-estimate":
+        return render(request, f"{DETAIL}#render-estimate", context, status=status)
     return render(request, DETAIL, context, status=status)
 
 
@@ -144,6 +163,7 @@ def choose_main_file(request: PortalRequest, job_id: int) -> HttpResponse:
         except (SceneRefused, RenderJob.BadStep) as refused:
             form.add_error("main_file", str(refused))
         else:
+            job = _estimate_if_checked(job)
             messages.success(request, _next_step(job))
             return redirect("render-job-detail", job.pk)
     return _detail(request, job, form, status=400)
@@ -151,13 +171,74 @@ def choose_main_file(request: PortalRequest, job_id: int) -> HttpResponse:
 
 @login_required
 @require_POST
-def cancel(request: PortalRequest, job_id: int) -> HttpResponse:
-    """Its owner, or an operator, cancels a job; anyone else gets a 404."""
-    job = access.render_job_for(request.user, job_id, access.Action.STOP)
+def confirm(request: PortalRequest, job_id: int) -> HttpResponse:
+    """Its owner accepts the estimate and the job is queued; the money is theirs, so only they confirm."""
+    job = access.render_job_for(request.user, job_id, access.Action.CONFIGURE)
     try:
-        jobs.cancel_before_queue(job.pk)
-    except RenderJob.BadStep as refused:
+        services.confirm(job.pk, _person(request))
+    except services.Refused as refused:
         messages.error(request, str(refused))
         return _detail(request, job, status=409)
-    messages.info(request, f"Cancelled {job.upload_name}; its files are removed.")
-    return redirect("render-job-list")
+    messages.success(request, f"{job.upload_name} is queued; its frames render as slices come free.")
+    return redirect("render-job-detail", job.pk)
+
+
+@login_required
+@require_POST
+def cancel(request: PortalRequest, job_id: int) -> HttpResponse:
+    """Its owner, or an operator, cancels a job in any state before it ends; anyone else gets a 404."""
+    job = access.render_job_for(request.user, job_id, access.Action.STOP)
+    before_queue = job.state in RenderJob.BEFORE_QUEUE
+    try:
+        services.cancel(job.pk)
+    except RenderJob.BadStep as refused:
+        messages.error(request, str(refused))
+        job.refresh_from_db()
+        return _detail(request, job, status=409)
+    if before_queue:
+        messages.info(request, f"Cancelled {job.upload_name}; its files are removed.")
+        return redirect("render-job-list")
+    messages.info(request, f"Cancelled {job.upload_name}; its containers stop and its charges end now.")
+    return redirect("render-job-detail", job.pk)
+
+
+@login_required
+@require_POST
+def requeue_failed(request: PortalRequest, job_id: int) -> HttpResponse:
+    job = access.render_job_for(request.user, job_id, access.Action.REQUEUE)
+    try:
+        services.requeue_failed(job.pk)
+    except services.Refused as refused:
+        messages.error(request, str(refused))
+        return _detail(request, job, status=409)
+    messages.success(request, "The frames that are not done are queued again.")
+    return redirect("render-job-detail", job.pk)
+
+
+# Results: each looks the frame up by job and number; the file is the one its row names.
+
+
+@login_required
+@require_GET
+def frame_thumbnail(request: PortalRequest, job_id: int, number: int) -> FileResponse:
+    job = access.render_job_for(request.user, job_id)
+    path = results.inside_job(job, results.frame_of(job, number).thumbnail_path)
+    return FileResponse(path.open("rb"), content_type="image/jpeg")
+
+
+@login_required
+@require_GET
+def frame_download(request: PortalRequest, job_id: int, number: int) -> FileResponse:
+    job = access.render_job_for(request.user, job_id)
+    frame = results.frame_of(job, number)
+    path = results.inside_job(job, frame.output_path)
+    return FileResponse(path.open("rb"), as_attachment=True, filename=results.download_name(job, frame))
+
+
+@login_required
+@require_GET
+def frames_zip(request: PortalRequest, job_id: int) -> StreamingHttpResponse:
+    job = access.render_job_for(request.user, job_id)
+    response = StreamingHttpResponse(results.zip_stream(job, results.done_frames(job)), content_type="application/zip")
+    response["Content-Disposition"] = f'attachment; filename="{results.archive_name(job)}"'
+    return response

@@ -124,12 +124,12 @@ def test_a_person_sees_only_their_own_jobs_and_no_filters(alice: User, bob: User
     assert "Filter render jobs" not in page
 
 
-def test_cancelling_a_checked_job_removes_its_files(
+def test_cancelling_a_job_before_its_estimate_removes_its_files(
     post_scene: PostScene, alice_client: Client, render_dir: Path
 ) -> None:
-    post_scene("a.blend", scenes.blend())
+    post_scene("two.zip", scenes.zip_of(("a.blend", scenes.blend()), ("b.blend", scenes.blend())))
     job = RenderJob.objects.get()
-    assert stored(render_dir) != []
+    assert job.state == State.UPLOADED and stored(render_dir) != []
     assert alice_client.post(reverse("render-job-cancel", args=[job.pk])).status_code == 302
     job.refresh_from_db()
     assert job.state == State.CANCELLED and job.finished_at is not None

@@ -34,7 +34,7 @@ def test_a_blend_becomes_a_checked_job_in_its_owners_folder(
     assert response.status_code == 302 and response["Location"] == reverse("render-job-detail", args=[job.pk])
     assert (job.owner, job.state, job.upload_name, job.main_file) == (
         alice,
-        "validated",
+        "estimating",
         "My Shot.blend",
         "scene.blend",
     )
@@ -52,14 +52,15 @@ def test_a_blend_becomes_a_checked_job_in_its_owners_folder(
     page = Client()
     page.force_login(alice)
     text = page.get(response["Location"]).content.decode()
-    assert "The estimate comes next" in text and "Checked" in text
+    assert ">Estimating</span>" in text
+    assert 'data-testid="estimating"' in text and 'hx-trigger="every 2s"' in text  # it polls for the estimate
 
 
 def test_a_zip_is_unpacked_beside_its_assets_and_the_archive_removed(post_scene: PostScene, render_dir: Path) -> None:
     data = scenes.zip_of(("shot/main.blend", scenes.blend()), ("shot/tex/wood.png", scenes.PNG))
     post_scene("shot.zip", data, spot="on")
     job = RenderJob.objects.get()
-    assert (job.state, job.main_file, job.market) == ("validated", "shot/main.blend", "spot")
+    assert (job.state, job.main_file, job.market) == ("estimating", "shot/main.blend", "spot")
     assert (job.scene_path() / "shot/tex/wood.png").read_bytes() == scenes.PNG
     assert not (job.folder_path() / "upload.zip").exists()
 
@@ -78,7 +79,7 @@ def test_a_zip_with_several_blends_asks_which_is_the_scene(
     assert wrong.status_code == 400 and "Select a valid choice" in wrong.content.decode()
     assert alice_client.post(url, {"main_file": "shots/main.blend"}).status_code == 302
     job.refresh_from_db()
-    assert (job.state, job.main_file, job.blender_version) == ("validated", "shots/main.blend", "2.79")
+    assert (job.state, job.main_file, job.blender_version) == ("estimating", "shots/main.blend", "2.79")
 
 
 def test_a_main_file_named_on_the_form_is_used_and_a_wrong_name_refused(

@@ -1,0 +1,83 @@
+"""A render job's results: its finished frames, found by job and number (never by a path from a request),
+and all of them as one ZIP written as it is sent, the frames stored as they are (PNG is compressed already),
+so the archive is never held in memory or on disk.
+"""
+
+from __future__ import annotations
+
+import zipfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO, cast
+
+from django.http import Http404
+
+from sessions.render.models import RenderFrame, RenderJob
+
+BLOCK = 1 << 16
+
+
+def done_frames(job: RenderJob) -> list[RenderFrame]:
+    return list(job.frame_results.filter(state=RenderFrame.State.DONE).exclude(output_path="").order_by("number"))
+
+
+def frame_of(job: RenderJob, number: int) -> RenderFrame:
+    frame = job.frame_results.filter(number=number, state=RenderFrame.State.DONE).first()
+    if frame is None:
+        raise Http404("No such finished frame in this job.")
+    return frame
+
+
+def inside_job(job: RenderJob, relative: str) -> Path:
+    """The file a frame row names, if it lies in the job's folder and exists; 404 otherwise."""
+    folder = job.folder_path().resolve()
+    path = (folder / relative).resolve() if relative else folder
+    if path == folder or not path.is_relative_to(folder) or not path.is_file():
+        raise Http404("That file is not there.")
+    return path
+
+
+def download_name(job: RenderJob, frame: RenderFrame) -> str:
+    return f"job{job.pk}-frame{frame.number:04d}{Path(frame.output_path).suffix.lower()}"
+
+
+def archive_name(job: RenderJob) -> str:
+    return f"render-job-{job.pk}-frames.zip"
+
+
+class _Pipe:
+    """A write-only, unseekable stream: zipfile writes into it, the generator hands the bytes on."""
+
+    def __init__(self) -> None:
+        self.written: list[bytes] = []
+
+    def write(self, data: bytes) -> int:
+        self.written.append(bytes(data))
+        return len(data)
+
+    def flush(self) -> None:
+        pass
+
+    def take(self) -> bytes:
+        out = b"".join(self.written)
+        self.written.clear()
+        return out
+
+
+def zip_stream(job: RenderJob, frames: list[RenderFrame]) -> Iterator[bytes]:
+    """The frames as one ZIP, a block at a time; a frame whose file has gone is left out."""
+    pipe = _Pipe()
+    with zipfile.ZipFile(cast(IO[bytes], pipe), "w", zipfile.ZIP_STORED, allowZip64=True) as archive:
+        for frame in frames:
+            try:
+                path = inside_job(job, frame.output_path)
+            except Http404:
+                continue
+            entry = zipfile.ZipInfo.from_file(path, arcname=download_name(job, frame))
+            entry.compress_type = zipfile.ZIP_STORED
+            with path.open("rb") as source, archive.open(entry, mode="w") as target:
+                while block := source.read(BLOCK):
+                    target.write(block)
+                    yield pipe.take()
+            yield pipe.take()
+    yield pipe.take()
