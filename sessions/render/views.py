@@ -15,7 +15,7 @@ from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.views.decorators.csrf import csrf_exempt, csrf_protect
 from django.views.decorators.http import require_GET, require_POST
-from django_htmx.http import HttpResponseClientRedirect
+from django_htmx.http import HttpResponseClientRedirect, HttpResponseClientRefresh
 
 from portal.http import PortalRequest
 from portal.roles import can_launch, is_operator, launch_refusal
@@ -31,6 +31,7 @@ from sessions.render.uploads import SceneUploadHandler, Upload
 PAGE = "sessions/render_job_list.html"
 DETAIL = "sessions/render_job_detail.html"
 LISTED = 50
+ESTIMATING = (RenderJob.State.VALIDATED, RenderJob.State.ESTIMATING)  # the page polls for the estimate
 
 
 def _person(request: PortalRequest) -> User:
@@ -148,6 +149,8 @@ def _detail(
     if job.state == RenderJob.State.UPLOADED and mine:
         context["main_form"] = form or MainFileForm(job=job)
     if request.htmx and request.htmx.target == "render-estimate":
+        if job.state not in ESTIMATING:  # the estimate, or the probe's failure, is in: the whole page changes
+            return HttpResponseClientRefresh()
         return render(request, f"{DETAIL}#render-estimate", context, status=status)
     return render(request, DETAIL, context, status=status)
 

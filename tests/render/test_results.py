@@ -1,0 +1,76 @@
+"""A render job's results without the render stack: the frame a row names, and nothing outside the job's
+folder; the ZIP written in pieces as it is read, each frame stored whole."""
+
+from __future__ import annotations
+
+import io
+import secrets
+import zipfile
+from pathlib import Path
+
+import pytest
+from django.contrib.auth.models import User
+from django.http import Http404
+from django.test import Client
+from django.urls import reverse
+
+from sessions.render import results
+from sessions.render.models import RenderFrame, RenderJob
+
+pytestmark = pytest.mark.django_db
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def finished_job(owner: User, frames: dict[int, bytes]) -> RenderJob:
+    job = RenderJob.objects.create(
+        owner=owner,
+        state=RenderJob.State.DONE,
+        upload_name="shot.blend",
+        folder=f"t{owner.pk}/{secrets.token_hex(8)}",
+        frame_spec="1-9",
+        frames=sorted(frames),
+        frame_count=len(frames),
+        gpu_kind="mig",
+    )
+    (job.folder_path() / "frames").mkdir(parents=True)
+    for number, data in frames.items():
+        (job.folder_path() / "frames" / f"{number:04d}.png").write_bytes(data)
+        RenderFrame.objects.create(
+            job=job, number=number, state=RenderFrame.State.DONE, output_path=f"frames/{number:04d}.png"
+        )
+    return job
+
+
+def test_the_zip_streams_every_frame_in_pieces_and_each_reads_back_whole(alice: User, render_dir: Path) -> None:
+    big = PNG_SIGNATURE + secrets.token_bytes(3 * results.BLOCK + 17)
+    job = finished_job(alice, {1: big, 2: PNG_SIGNATURE + b"small"})
+    pieces = list(results.zip_stream(job, results.done_frames(job)))
+    assert len([piece for piece in pieces if piece]) >= 5 and max(map(len, pieces)) <= results.BLOCK + 1024
+    with zipfile.ZipFile(io.BytesIO(b"".join(pieces))) as opened:
+        assert opened.testzip() is None
+        assert [info.compress_type for info in opened.infolist()] == [zipfile.ZIP_STORED] * 2
+        assert opened.read(f"job{job.pk}-frame0001.png") == big
+        assert opened.read(f"job{job.pk}-frame0002.png") == PNG_SIGNATURE + b"small"
+
+
+def test_a_frame_row_naming_a_file_outside_the_job_folder_is_not_served(alice: User, render_dir: Path) -> None:
+    job = finished_job(alice, {1: PNG_SIGNATURE})
+    (render_dir / "secret.txt").write_text("not a frame")
+    RenderFrame.objects.filter(job=job, number=1).update(output_path="../../secret.txt")
+    with pytest.raises(Http404):
+        results.inside_job(job, "../../secret.txt")
+    client = Client()
+    client.force_login(alice)
+    assert client.get(reverse("render-frame-download", args=[job.pk, 1])).status_code == 404
+    with zipfile.ZipFile(io.BytesIO(client.get(reverse("render-frames-zip", args=[job.pk])).getvalue())) as opened:
+        assert opened.namelist() == []
+
+
+def test_a_frame_not_finished_or_without_a_thumbnail_answers_404(alice: User, render_dir: Path) -> None:
+    job = finished_job(alice, {1: PNG_SIGNATURE})
+    RenderFrame.objects.create(job=job, number=2, state=RenderFrame.State.FAILED, output_path="frames/0001.png")
+    client = Client()
+    client.force_login(alice)
+    assert client.get(reverse("render-frame-download", args=[job.pk, 1])).status_code == 200
+    assert client.get(reverse("render-frame-download", args=[job.pk, 2])).status_code == 404
+    assert client.get(reverse("render-frame-thumbnail", args=[job.pk, 1])).status_code == 404
