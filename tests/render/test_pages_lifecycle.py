@@ -19,10 +19,12 @@ from django.templatetags.static import static
 from django.test import Client
 from django.urls import reverse
 
-from sessions.render.models import RenderFrame, RenderJob
+from sessions.render.models import RenderChunk, RenderFrame, RenderJob
 from tests.render.conftest import form_fields
 from tests.render.stack import (  # noqa: F401 (fixtures)
     MIG_OFFER,
+    containers_of,
+    make_job,
     render_image,
     render_root,
     render_stack,
@@ -155,3 +157,44 @@ def test_a_scene_the_probe_cannot_render_shows_blenders_own_words_on_its_page(
     failure = re.search(r'data-testid="failure">(.*?)</p>', page, re.S)
     assert failure and "camera" in failure.group(1).lower(), page
     assert 'data-testid="estimate"' not in page and "every 2s" not in page
+
+
+def test_staff_cancel_a_job_mid_render_from_its_page_and_its_containers_stop(
+    render_stack: Path, scenes: Path, alice: User, alice_client: Client, staff: User
+) -> None:
+    job = make_job(alice, scenes / "slow.blend", [1, 2], State.AWAITING_CONFIRMATION, chunk_size=2)
+    assert alice_client.post(reverse("render-job-confirm", args=[job.pk])).status_code == 302
+    wait_for(lambda: state_of(job) == State.RENDERING and containers_of(job), 120, "its container rendering")
+    page = alice_client.get(reverse("render-job-detail", args=[job.pk])).content.decode()
+    assert f'action="{reverse("render-job-cancel", args=[job.pk])}"' in page
+
+    staff_client = Client()
+    staff_client.force_login(staff)
+    answer = staff_client.post(reverse("render-job-cancel", args=[job.pk]))
+
+    assert answer.status_code == 302 and answer["Location"] == reverse("render-job-detail", args=[job.pk])
+    assert state_of(job) == State.CANCELLED
+    wait_for(lambda: not containers_of(job), 30, "its container stopped and removed")
+    assert staff_client.post(reverse("render-job-cancel", args=[job.pk])).status_code == 409
+
+
+def test_a_failed_job_shows_blenders_output_and_its_frames_are_requeued_from_its_page(
+    render_stack: Path, scenes: Path, alice: User, alice_client: Client
+) -> None:
+    job = make_job(alice, scenes / "no-camera.blend", [1, 2], State.AWAITING_CONFIRMATION, chunk_size=2)
+    assert alice_client.post(reverse("render-job-confirm", args=[job.pk])).status_code == 302
+    wait_for(lambda: state_of(job) in RenderJob.ENDED, 180, "the job to fail")
+    assert state_of(job) == State.FAILED
+    page = alice_client.get(reverse("render-job-detail", args=[job.pk])).content.decode()
+    requeue_url = reverse("render-job-requeue-failed", args=[job.pk])
+    assert f'action="{requeue_url}"' in page
+    log = re.search(r'data-testid="chunk-log">(.*?)</pre>', page, re.S)
+    assert log and "camera" in log.group(1).lower(), page
+
+    assert alice_client.get(requeue_url).status_code == 405, "POST only"
+    assert alice_client.post(requeue_url).status_code == 302
+    assert state_of(job) in (State.QUEUED, State.RENDERING, State.FAILED)
+    assert RenderChunk.objects.filter(job=job).count() == 2, "the frames not done, in a new chunk"
+    wait_for(lambda: state_of(job) == State.FAILED, 180, "the re-queued frames to fail again")
+    again = alice_client.post(reverse("render-job-confirm", args=[job.pk]))
+    assert again.status_code == 409 and "cannot be confirmed" in again.content.decode()
