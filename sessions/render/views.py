@@ -13,6 +13,7 @@ from django.contrib.auth.models import User
 from django.http import FileResponse, HttpResponse, StreamingHttpResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
+from django.views.decorators.cache import cache_control
 from django.views.decorators.csrf import csrf_exempt, csrf_protect
 from django.views.decorators.http import require_GET, require_POST
 from django_htmx.http import HttpResponseClientRedirect, HttpResponseClientRefresh
@@ -223,6 +224,7 @@ def requeue_failed(request: PortalRequest, job_id: int) -> HttpResponse:
 
 @login_required
 @require_GET
+@cache_control(private=True)  # someone's own frames: no shared cache keeps them
 def frame_thumbnail(request: PortalRequest, job_id: int, number: int) -> FileResponse:
     job = access.render_job_for(request.user, job_id)
     path = results.inside_job(job, results.frame_of(job, number).thumbnail_path)
@@ -231,6 +233,7 @@ def frame_thumbnail(request: PortalRequest, job_id: int, number: int) -> FileRes
 
 @login_required
 @require_GET
+@cache_control(private=True)  # someone's own frames: no shared cache keeps them
 def frame_download(request: PortalRequest, job_id: int, number: int) -> FileResponse:
     job = access.render_job_for(request.user, job_id)
     frame = results.frame_of(job, number)
@@ -240,6 +243,7 @@ def frame_download(request: PortalRequest, job_id: int, number: int) -> FileResp
 
 @login_required
 @require_GET
+@cache_control(private=True)  # someone's own frames: no shared cache keeps them
 def frames_zip(request: PortalRequest, job_id: int) -> StreamingHttpResponse:
     job = access.render_job_for(request.user, job_id)
     response = StreamingHttpResponse(results.zip_stream(job, results.done_frames(job)), content_type="application/zip")

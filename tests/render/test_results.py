@@ -66,11 +66,14 @@ def test_a_frame_row_naming_a_file_outside_the_job_folder_is_not_served(alice: U
         assert opened.namelist() == []
 
 
-def test_a_frame_not_finished_or_without_a_thumbnail_answers_404(alice: User, render_dir: Path) -> None:
+def test_a_frame_is_served_privately_and_one_unfinished_or_without_thumbnail_is_404(
+    alice: User, render_dir: Path
+) -> None:
     job = finished_job(alice, {1: PNG_SIGNATURE})
     RenderFrame.objects.create(job=job, number=2, state=RenderFrame.State.FAILED, output_path="frames/0001.png")
     client = Client()
     client.force_login(alice)
-    assert client.get(reverse("render-frame-download", args=[job.pk, 1])).status_code == 200
+    served = client.get(reverse("render-frame-download", args=[job.pk, 1]))
+    assert served.status_code == 200 and "private" in served["Cache-Control"], "no shared cache keeps it"
     assert client.get(reverse("render-frame-download", args=[job.pk, 2])).status_code == 404
     assert client.get(reverse("render-frame-thumbnail", args=[job.pk, 1])).status_code == 404
