@@ -1,8 +1,9 @@
-"""Uploading a scene in Chromium: the bar follows the upload, the job is checked and listed; a file that is
-no scene comes back on the form in words."""
+"""Uploading a scene in Chromium: the bar follows the upload, the job is checked, goes to its estimate and
+is listed; a file that is no scene comes back on the form in words."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 
 import pytest
@@ -33,7 +34,7 @@ def a_big_blend() -> bytes:
     return scenes.blend(blocks=[*scenes.BLOCKS[:-1], (b"IM\x00\x00", b"\x09" * (3 << 20)), scenes.BLOCKS[-1]])
 
 
-def test_a_scene_uploads_with_progress_and_is_listed_as_checked(
+def test_a_scene_uploads_with_progress_goes_to_its_estimate_and_is_listed(
     portal_server: str, page: Page, alice: User, render_fleet: None
 ) -> None:
     watch = PageWatch.on(page)
@@ -58,17 +59,19 @@ def test_a_scene_uploads_with_progress_and_is_listed_as_checked(
     page.get_by_role("button", name="Upload and check").click()
 
     expect(page.get_by_role("heading", level=1)).to_have_text("shot.blend")
-    expect(page.get_by_test_id("state")).to_have_text("Checked")
-    expect(page.get_by_test_id("next-step")).to_contain_text("The estimate comes next")
+    # A checked upload goes straight to the probe: the page says so and polls for the estimate.
+    expect(page.get_by_test_id("state")).to_have_text("Estimating")
+    expect(page.get_by_test_id("estimating")).to_contain_text("the estimate shows here when it is ready")
     assert any(text.startswith("Uploaded 3.0 MiB") for text in seen), seen
     page.screenshot(path=str(SCREENSHOTS / "render-job-checked.png"), full_page=True)
     watch.assert_clean("the job's page after the upload")
 
     page.get_by_role("link", name="← Render jobs").click()
     row = page.get_by_test_id("render-job").filter(has_text="shot.blend")
-    expect(row.get_by_test_id("state")).to_have_text("Checked")
+    # This made-up scene fails its probe wherever a render worker reads the run's queue; none may.
+    expect(row.get_by_test_id("state")).to_have_text(re.compile(r"^(Estimating|Failed)$"))
     expect(row).to_contain_text("37")
-    expect(row.get_by_test_id("progress")).to_have_text("estimate next")
+    expect(row.get_by_test_id("progress")).to_have_text(re.compile(r"^(estimating|—)$"))
     page.screenshot(path=str(SCREENSHOTS / "render-jobs-listed.png"), full_page=True)
 
     job = RenderJob.objects.get()
