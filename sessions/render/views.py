@@ -1,4 +1,5 @@
-"""The Render jobs page (upload form, the jobs list) and one job's page.
+"""The Render jobs page (upload form, the jobs list), one job's page (its estimate to confirm, its live
+progress, cancel and re-queue) and its results (thumbnails, frames, all frames as one streamed ZIP).
 
 The upload view installs the streaming upload handler before anything reads the body, which is why
 it is exempt from the CSRF middleware and checks the token itself, right after the body is parsed;
@@ -209,6 +210,7 @@ def cancel(request: PortalRequest, job_id: int) -> HttpResponse:
 @login_required
 @require_POST
 def requeue_failed(request: PortalRequest, job_id: int) -> HttpResponse:
+    """A failed job's frames that are not done render again; its owner or an operator asks."""
     job = access.render_job_for(request.user, job_id, access.Action.REQUEUE)
     try:
         services.requeue_failed(job.pk)
