@@ -27,6 +27,7 @@ from sessions.gpus.holders import HolderKind
 from sessions.gpus.models import Slice
 from sessions.render.models import RenderJob
 from sessions.runtime.render import RENDER_IMAGE
+from sessions.runtime.spec import INSTANCE_LABEL
 from tests.conftest import ARTIFACTS, RUN_ID
 from tests.gpus.conftest import use_fleet
 from tests.helpers import processes
@@ -233,8 +234,12 @@ def slices_of(job: RenderJob) -> list[Slice]:
 
 
 def containers_of(job: RenderJob) -> list[str]:
+    """This portal's containers of the job, running or not (a parallel test run's job of the same id is not ours)."""
     label = f"label=gpu-portal.render_job={job.pk}"
-    found = subprocess.run([DOCKER, "ps", "-aq", "--filter", label], capture_output=True, text=True, check=True)
+    ours = f"label={INSTANCE_LABEL}={settings.INSTANCE_ID}"
+    found = subprocess.run(
+        [DOCKER, "ps", "-aq", "--filter", label, "--filter", ours], capture_output=True, text=True, check=True
+    )
     return found.stdout.split()
 
 
