@@ -106,12 +106,13 @@ def stop(process: subprocess.Popen[bytes]) -> None:
             process.wait()
 
 
-def start_daphne(port: int, log_path: Path) -> subprocess.Popen[bytes]:
+def start_daphne(port: int, log_path: Path, **extra: str) -> subprocess.Popen[bytes]:
+    """Daphne on ``port``; ``extra`` adds to (or overrides) the environment every helper process gets."""
     log = log_path.open("ab")
     process = subprocess.Popen(
         [str(BIN / "daphne"), "--bind", "127.0.0.1", "--port", str(port), "portal.asgi:application"],
         cwd=ROOT,
-        env=child_env(),
+        env=child_env(**extra),
         stdout=log,
         stderr=subprocess.STDOUT,
     )

@@ -245,3 +245,22 @@ def containers_of(job: RenderJob) -> list[str]:
 
 def settings_queue() -> str:
     return str(settings.CELERY_TASK_DEFAULT_QUEUE)
+
+
+@contextlib.contextmanager
+def daphne_on(render_root: Path) -> Iterator[str]:
+    port = processes.free_port()
+    process = processes.start_daphne(port, ARTIFACTS / "logs" / "daphne-render.log", PORTAL_RENDER_DIR=str(render_root))
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        processes.stop(process)
+
+
+@pytest.fixture(scope="session")
+def render_portal_server(django_db_setup: None, render_root: Path) -> Iterator[str]:
+    """The portal under daphne with the render worker's render folder: what a browser uploads there is the
+    scene the worker renders, and the thumbnails the worker writes are the ones the pages send. (The session's
+    ``portal_server`` keeps the data folder's own render folder, which this run's worker never sees.)"""
+    with once("render_portal_server", lambda: daphne_on(render_root)) as url:
+        yield url
