@@ -11,6 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from django.db import models
+from django.urls import reverse
+
+PAGES = {"notebook": "session-detail", "render": "render-job-detail"}  # each kind's page, by its id
 
 
 class HolderKind(models.TextChoices):
@@ -26,6 +29,16 @@ class Holder:
     def __str__(self) -> str:
         """The holder as text, for container labels and metric frames: ``notebook:12``."""
         return f"{self.kind.value}:{self.id}"
+
+    @property
+    def label(self) -> str:
+        """The holder as pages show it: ``Render job #5``, ``Notebook session #12``."""
+        return f"{self.kind.label} #{self.id}"
+
+    @property
+    def url(self) -> str:
+        """The holder's own page (its owner's and staff's to see)."""
+        return reverse(PAGES[self.kind.value], args=[self.id])
 
     @classmethod
     def notebook(cls, session_id: int) -> Holder:

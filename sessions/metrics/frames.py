@@ -9,7 +9,8 @@ Fleet frame::
      "gpus": [{"uuid": "GPU-...", "host": "sim-1", "index": 0, "model": "H200-SXM5-141GB",
                "util": null, "mem_used": 1024.0, "mem_total": 144384.0, "temp": 40.1, "power": 150.2,
                "sm_clock": 1980.0, "mem_clock": 3201.0, "ecc": 0, "procs": 1, "problem": "",
-               "users": [{"user": "alice", "session": 12, "holder": "notebook:12"}],
+               "users": [{"user": "alice", "session": 12, "job": null, "holder": "notebook:12",
+                          "label": "Notebook session #12"}],
                "devices": [{"uuid": "MIG-...", "gi": 1, "profile": "1g.18gb", "util": 55.0,
                             "mem_used": 900.0, "mem_total": 18432.0, "users": [...]}]}]}
 
@@ -50,6 +51,16 @@ class Holder:
     def session_id(self) -> int | None:
         return self.held_by.id if self.held_by and self.held_by.kind == HolderKind.NOTEBOOK else None
 
+    @property
+    def job_id(self) -> int | None:
+        """The render job holding the device, if a render job does."""
+        return self.held_by.id if self.held_by and self.held_by.kind == HolderKind.RENDER else None
+
+    @property
+    def label(self) -> str:
+        """As the live tiles show it: ``Render job #5``, or empty."""
+        return self.held_by.label if self.held_by else ""
+
 
 Holders = dict[str, list[Holder]]  # device (MIG or GPU) UUID -> who holds it; a shared GPU has several
 
@@ -66,7 +77,10 @@ def load_holders() -> Holders:
 
 
 def _users(holders: Iterable[Holder]) -> list[dict[str, Any]]:
-    return [{"user": h.username, "session": h.session_id, "holder": h.holder} for h in holders]
+    return [
+        {"user": h.username, "session": h.session_id, "job": h.job_id, "holder": h.holder, "label": h.label}
+        for h in holders
+    ]
 
 
 def fleet_frame(

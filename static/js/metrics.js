@@ -156,12 +156,31 @@
     return "hsl(" + hue + " 70% " + (92 - util * 0.35) + "%)";
   }
 
+  // The render job page's address for job 0, from the tiles' element; a holding job's id takes its place.
+  var renderJobUrl = "";
+
+  function jobLink(job, label) {
+    var id = Number(job);
+    if (!renderJobUrl || !Number.isInteger(id) || id <= 0) { return String(label); }
+    var link = el("a", null, String(label));
+    link.href = renderJobUrl.replace(/\/0\/$/, "/" + id + "/");
+    return link;
+  }
+
+  // Who holds a device: "alice #12" for a notebook session, "alice · Render job #5" (a link) for a render job.
   function who(users) {
     users = list(users).filter(Boolean);
     if (!users.length) { return "free"; }
-    return users.map(function (u) {
-      return u.user + (u.session ? " #" + u.session : (u.holder ? " (" + u.holder + ")" : ""));
-    }).join(", ");
+    var parts = [];
+    users.forEach(function (u, index) {
+      if (index) { parts.push(", "); }
+      if (u.job) {
+        parts.push(u.user + " · ", jobLink(u.job, u.label || "Render job #" + Number(u.job)));
+      } else {
+        parts.push(u.user + (u.session ? " #" + u.session : (u.holder ? " (" + u.holder + ")" : "")));
+      }
+    });
+    return parts;
   }
 
   function deviceItem(d) {
@@ -188,6 +207,7 @@
   }
 
   function fleetTiles(root) {
+    renderJobUrl = root.dataset.renderJobUrl || "";
     var tiles = new Map();  // a Map, not an object: a UUID is the frame's word, "__proto__" included
     function tileFor(gpu) {
       var tile = tiles.get(gpu.uuid);

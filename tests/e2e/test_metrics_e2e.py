@@ -67,6 +67,9 @@ def test_staff_watch_every_gpu_and_mig_device_with_who_uses_it(
     expect(page.locator(".mig-devices li")).to_have_count(2, timeout=5000)
     expect(page.locator(".mig-devices")).to_contain_text("2g.35gb")
     expect(page.locator(".mig-devices")).to_contain_text("alice #")
+    # The render job's device names the job, from the slice's typed holder, and links to its page.
+    job_link = page.locator(".mig-devices").get_by_role("link", name="Render job #4")
+    expect(job_link).to_have_attribute("href", "/sessions/render-jobs/4/")
     expect(tiles.first).to_contain_text("simulated")
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
     page.screenshot(path=str(SCREENSHOTS / "fleet-live.png"), full_page=True)

@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import pytest
 from django.contrib.auth.models import User
 from django.test import Client
 from django.urls import reverse
+from django.utils import timezone
 
 from sessions.gpus.allocator import SliceRequest, allocate
 from sessions.gpus.holders import Holder
 from sessions.gpus.models import Gpu, GpuHost, GpuInstance, Slice
+from sessions.render.models import RenderJob
 
 pytestmark = pytest.mark.django_db
 HTMX = {"HTTP_HX_REQUEST": "true", "HTTP_HX_TARGET": "gpu-detail"}
@@ -100,12 +103,61 @@ def test_the_picture_shows_a_block_per_instance_with_its_profile_and_owner(
     assert start is not None
     end = start + 3
     assert f"col-{start + 1} span-4" in page  # classes, not style="": the CSP allows no inline style
-    assert blocks(page).count("3g.71gb alice notebook:7") == 1
+    assert blocks(page).count("3g.71gb alice Notebook session #7") == 1
     assert blocks(page).count("free") == 4  # the other half of the GPU, one cell per memory slice
     assert f"<td>{start} to {end}</td>" in page  # the table that describes the picture to screen readers
     assert "Compute slices used: 3 of 7" in page
     assert 'value="3"' in page
     assert taken.device_uuid in page
+
+
+def a_render_job(owner: User, tmp_path: Path, settings) -> RenderJob:  # type: ignore[no-untyped-def]
+    settings.RENDER_DIR = tmp_path
+    job = RenderJob.objects.create(
+        owner=owner, state=RenderJob.State.RENDERING, upload_name="shot.blend", folder="t/f", main_file="scene.blend",
+        frame_spec="1-3", frames=[1, 2, 3], frame_count=3, gpu_kind="mig", gpu_profile="1g.18gb",
+        gpu_model="H200-SXM5-141GB", queued_at=timezone.now(),
+    )  # fmt: skip
+    return job
+
+
+def holder_cells(page: str) -> list[str]:
+    """Each holder link on the page, as ``href|text``."""
+    links = re.findall(r'<a href="([^"]+)" data-testid="slice-holder">([^<]*)</a>', page)
+    return [f"{href}|{text}" for href, text in links]
+
+
+def test_a_render_jobs_slice_shows_the_job_with_a_link_to_its_page_as_a_sessions_does(
+    h200s: list[Gpu],
+    many_slices: User,
+    operator: Client,
+    tmp_path: Path,
+    settings,  # type: ignore[no-untyped-def]
+) -> None:
+    job = a_render_job(many_slices, tmp_path, settings)
+    rendering = allocate(many_slices, SliceRequest(kind="mig", profile="1g.18gb"), holder=Holder.render(job.pk))
+    notebook = allocate(many_slices, SliceRequest(kind="mig", profile="2g.35gb"), holder=Holder.notebook(7))
+    gpus = {rendering.gpu_id: rendering.gpu, notebook.gpu_id: notebook.gpu}.values()
+    page = "".join(operator.get(detail_url(gpu)).content.decode() for gpu in gpus)
+
+    job_url = reverse("render-job-detail", args=[job.pk])
+    assert blocks(page).count(f"1g.18gb alice Render job #{job.pk}") == 1
+    assert blocks(page).count("2g.35gb alice Notebook session #7") == 1
+    # The screen readers' table and the active slices' table each link the holder.
+    assert holder_cells(page).count(f"{job_url}|Render job #{job.pk}") == 2
+    assert holder_cells(page).count(f"{reverse('session-detail', args=[7])}|Notebook session #7") == 2
+    assert "render:" not in page and "notebook:" not in page  # no names to parse, for people or tests
+    # The link leads staff to the job's page.
+    followed = operator.get(job_url)
+    assert followed.status_code == 200
+    assert f"Render job {job.pk} of alice" in followed.content.decode()
+
+
+def test_a_slice_that_no_one_holds_says_so(h200s: list[Gpu], many_slices: User, operator: Client) -> None:
+    taken = allocate(many_slices, SliceRequest(kind="mig", profile="1g.18gb"))
+    page = operator.get(detail_url(taken.gpu)).content.decode()
+    assert blocks(page).count("1g.18gb alice no holder") == 1
+    assert holder_cells(page) == []
 
 
 def test_how_many_more_fit_comes_from_the_allocator(h200s: list[Gpu], many_slices: User, operator: Client) -> None:

@@ -100,3 +100,20 @@ def test_history_older_than_the_retention_is_deleted(alice: User) -> None:
         GpuMinute.objects.create(minute=now - timedelta(days=age), host="h", gpu_uuid="G", device_uuid="G", samples=1)
     assert history.delete_older_than(30) == 1
     assert list(GpuMinute.objects.values_list("minute", flat=True)) == [now - timedelta(days=1)]
+
+
+def test_the_fleet_frame_says_which_render_job_or_session_holds_a_device(make_fleet, alice: User) -> None:  # type: ignore[no-untyped-def]
+    """From the slice's typed holder: a render job's id where a render job holds it, a session's where a session
+    does, and the words the live tiles show."""
+    make_fleet("s: 1xH200:mig")
+    rendering = allocate(alice, SliceRequest("mig", "1g.18gb"), holder=Holder.render(5))
+    notebook = allocate(alice, SliceRequest("mig", "2g.35gb"), holder=Holder.notebook(12))
+    holders = load_holders()
+    frame = fleet_frame("sim", NOW, backend().sample({}, now=NOW), holders, {}, simulated=True)
+    users = {d["uuid"]: d["users"] for gpu in frame["gpus"] for d in gpu["devices"]}
+    assert users[rendering.device_uuid] == [
+        {"user": "alice", "session": None, "job": 5, "holder": "render:5", "label": "Render job #5"}
+    ]
+    assert users[notebook.device_uuid] == [
+        {"user": "alice", "session": 12, "job": None, "holder": "notebook:12", "label": "Notebook session #12"}
+    ]
