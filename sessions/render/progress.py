@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
 from decimal import ROUND_HALF_UP, Decimal
@@ -41,22 +41,28 @@ def slices_of(job_id: int) -> Any:
 
 def cost_so_far(job: RenderJob, now: datetime | None = None) -> Decimal | None:
     """Each started minute of each slice the job held or holds, at its offer's rate; None if unpriced."""
+    return costs_so_far([job.pk], now).get(job.pk)
+
+
+def costs_so_far(job_ids: Iterable[int], now: datetime | None = None) -> dict[int, Decimal | None]:
+    """``cost_so_far`` of many jobs at once (the jobs list): one look at their slices, and one rate per offer
+    however many jobs share it. A job without a priced holding maps to None."""
     now = now or timezone.now()
-    rates: dict[SliceRequest, Decimal | None] = {}
-    total = Decimal(0)
-    priced = False
-    for held in slices_of(job.pk).filter(held_from__isnull=False).select_related("gpu"):
+    ids = list(job_ids)
+    rates: dict[tuple[SliceRequest, str], Decimal | None] = {}
+    totals: dict[int, Decimal | None] = dict.fromkeys(ids)
+    held_slices = Slice.objects.filter(holder_kind=HolderKind.RENDER, holder_id__in=ids, held_from__isnull=False)
+    for held in held_slices.select_related("gpu").order_by("pk"):
         request = SliceRequest(held.kind, held.profile, held.gpu.model_name, market=held.market)
-        if request not in rates:
-            rates[request] = pricing.current().per_minute(request, held.market)
-        rate = rates[request]
-        if rate is None:
+        if (request, held.market) not in rates:
+            rates[request, held.market] = pricing.current().per_minute(request, held.market)
+        rate = rates[request, held.market]
+        if rate is None or held.holder_id is None:
             continue
         assert held.held_from is not None
         seconds = ((held.held_until or now) - held.held_from).total_seconds()
-        total += rate * max(1, math.ceil(seconds / 60))
-        priced = True
-    return total if priced else None
+        totals[held.holder_id] = (totals[held.holder_id] or Decimal(0)) + rate * max(1, math.ceil(seconds / 60))
+    return totals
 
 
 def shown(amount: Decimal | None) -> str:

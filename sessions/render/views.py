@@ -43,8 +43,11 @@ def _person(request: PortalRequest) -> User:
 
 def _page(request: PortalRequest, form: RenderJobForm | None = None, status: int = 200) -> HttpResponse:
     user = _person(request)
+    listed = _listed(request)
+    costs = progress.costs_so_far(job.pk for job in listed)  # one look at all their slices, not one per job
     context: dict[str, object] = {
-        "jobs": _listed(request),
+        "jobs": listed,
+        "rows": [(job, progress.shown(costs[job.pk])) for job in listed],
         "everyone": is_operator(user),
         "cancellable": [state for state in RenderJob.State if state not in RenderJob.ENDED],
     }
