@@ -30,9 +30,12 @@
     return whole < 60 ? whole + " s" : Math.floor(whole / 60) + " min " + (whole % 60) + " s";
   }
 
+  var badge = document.querySelector("[data-render-badge]");  // the job's state at the top of the page
+
   window.Portal.liveSocket(region.getAttribute("data-render-progress"), function (message) {
     if (message.type !== "render.progress") { return; }
     put("state_label", message.state_label);
+    if (badge && message.state_label) { badge.textContent = String(message.state_label); }
     put("frames_done", message.frames_done);
     put("frames_total", message.frames_total);
     put("percent", message.percent);

@@ -89,6 +89,7 @@ def test_a_scene_uploaded_in_the_browser_is_estimated_confirmed_rendered_shown_a
     page.evaluate(WATCH_PROGRESS)
     # Only the socket carries the sample count: the page as served shows a dash there.
     expect(region.locator('[data-field="samples"]')).to_have_text("4", timeout=180_000)
+    expect(page.get_by_test_id("state")).to_have_text("Rendering")  # the badge at the top follows the socket too
     shot(page, "3-rendering")
 
     # Once the job is done the page loads again with the gallery; before that the socket showed 3 of 3.
