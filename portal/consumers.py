@@ -15,23 +15,11 @@ log = logging.getLogger(__name__)
 CLOSE_UNAUTHENTICATED = 4401
 
 
-class NotificationConsumer(AsyncJsonWebsocketConsumer):
-    """Per-user notices (session state changes, billing alerts) pushed by portal.push."""
+class ForwardingConsumer(AsyncJsonWebsocketConsumer):
+    """What every socket that only forwards a group's pushes shares: leaving its group, answering pings,
+    and a clear error for any other message. Subclasses authenticate and pick ``group_name`` in connect."""
 
     group_name: str | None = None
-
-    async def connect(self) -> None:
-        user = self.scope.get("user")
-        if user is None or not user.is_authenticated:
-            log.info("websocket refused: no logged-in session")
-            # Accept, then close with our code: a browser sees 4401 ("log in again")
-            # instead of an anonymous handshake failure.
-            await self.accept()
-            await self.close(code=CLOSE_UNAUTHENTICATED)
-            return
-        self.group_name = push.notice_group(user.pk)
-        await self.channel_layer.group_add(self.group_name, self.channel_name)
-        await self.accept()
 
     async def disconnect(self, code: int) -> None:
         if self.group_name:
@@ -48,6 +36,23 @@ class NotificationConsumer(AsyncJsonWebsocketConsumer):
             await super().receive(text_data=text_data, bytes_data=bytes_data, **kwargs)
         except ValueError:
             await self.send_json({"type": "error", "error": "Messages must be JSON text."})
+
+
+class NotificationConsumer(ForwardingConsumer):
+    """Per-user notices (session state changes, billing alerts) pushed by portal.push."""
+
+    async def connect(self) -> None:
+        user = self.scope.get("user")
+        if user is None or not user.is_authenticated:
+            log.info("websocket refused: no logged-in session")
+            # Accept, then close with our code: a browser sees 4401 ("log in again")
+            # instead of an anonymous handshake failure.
+            await self.accept()
+            await self.close(code=CLOSE_UNAUTHENTICATED)
+            return
+        self.group_name = push.notice_group(user.pk)
+        await self.channel_layer.group_add(self.group_name, self.channel_name)
+        await self.accept()
 
     async def notify(self, event: dict[str, Any]) -> None:
         await self.send_json(event["payload"])

@@ -12,10 +12,10 @@ import logging
 from typing import Any
 
 from channels.db import database_sync_to_async
-from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.contrib.auth.models import User
 
 from portal import push
+from portal.consumers import ForwardingConsumer
 from sessions import access
 
 log = logging.getLogger(__name__)
@@ -33,9 +33,7 @@ def _reaches(user: User, job_id: int) -> bool:
     return True
 
 
-class RenderProgressConsumer(AsyncJsonWebsocketConsumer):
-    group_name: str | None = None
-
+class RenderProgressConsumer(ForwardingConsumer):
     async def connect(self) -> None:
         user = self.scope.get("user")
         await self.accept()  # first, so a refusal reaches the browser as our close code
@@ -52,14 +50,6 @@ class RenderProgressConsumer(AsyncJsonWebsocketConsumer):
             await self.close(code=CLOSE_FORBIDDEN)
             return
         await self.channel_layer.group_add(self.group_name, self.channel_name)
-
-    async def disconnect(self, code: int) -> None:
-        if self.group_name:
-            await self.channel_layer.group_discard(self.group_name, self.channel_name)
-
-    async def receive_json(self, content: Any, **kwargs: Any) -> None:
-        if isinstance(content, dict) and content.get("type") == "ping":
-            await self.send_json({"type": "pong"})
 
     async def render_progress(self, event: dict[str, Any]) -> None:
         await self.send_json(event["payload"])
