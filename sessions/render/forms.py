@@ -25,6 +25,8 @@ class RenderJobForm(forms.Form):
         label="Frames",
         max_length=500,
         initial="1",
+        # An empty field gets the spec's own words, with an example, not Django's "This field is required."
+        error_messages={"required": frames.EMPTY},
         help_text="A frame (<code>12</code>), a range (<code>1-250</code>), every n-th frame of a range "
         "(<code>50-60x2</code>), or a list of those: <code>1-30, 45, 50-60x2</code>.",
     )

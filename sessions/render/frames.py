@@ -13,6 +13,7 @@ from dataclasses import dataclass
 # Blender's own limit (MAXFRAME in DNA_scene_types.h): a frame past it cannot be rendered.
 BLENDER_MAX_FRAME = 1_048_574
 EXAMPLE = "1-250, or 1-30, 45, 50-60x2 for every second frame from 50"
+EMPTY = f"Say which frames to render, e.g. {EXAMPLE}."
 
 _PART = re.compile(r"(?P<start>\d+)(?:-(?P<end>\d+)(?:x(?P<step>\d+))?)?")
 # A minus where a number starts: "-5", "1--3", "1-9x-2".
@@ -53,7 +54,7 @@ def parse(text: str, max_frames: int) -> tuple[int, ...]:
 
 def ranges_of(text: str) -> list[FrameRange]:
     if not text.strip():
-        raise FrameSpecError(f"Say which frames to render, e.g. {EXAMPLE}.")
+        raise FrameSpecError(EMPTY)
     parts = [part.strip() for part in text.split(",")]
     if "" in parts:
         raise FrameSpecError(f"'{text.strip()}' has an empty item between commas.")

@@ -9,12 +9,14 @@ import pytest
 from django.contrib.auth.models import User
 from django.test import Client
 from django.urls import reverse
+from django.utils import timezone
 
 from sessions.render import jobs
 from sessions.render.models import RenderJob
 from tests.render import scenes
 from tests.render.conftest import Upload as PostScene
 from tests.render.conftest import stored
+from tests.render.leftovers import assert_left_as_found, traces
 
 pytestmark = pytest.mark.django_db
 State = RenderJob.State
@@ -86,13 +88,13 @@ def test_another_persons_job_answers_404_on_every_page_and_action(
 ) -> None:
     post_scene("two.zip", scenes.zip_of(("a.blend", scenes.blend()), ("b.blend", scenes.blend())))
     job = RenderJob.objects.get()
-    before = stored(render_dir)
+    before = traces(render_dir)
     assert bob_client.get(reverse("render-job-detail", args=[job.pk])).status_code == 404
     assert bob_client.post(reverse("render-job-main-file", args=[job.pk]), {"main_file": "a.blend"}).status_code == 404
-    assert bob_client.post(reverse("render-job-cancel", args=[job.pk])).status_code == 404
+    for action in ("render-job-cancel", "render-job-confirm", "render-job-requeue-failed"):
+        assert bob_client.post(reverse(action, args=[job.pk])).status_code == 404, action
     assert "two.zip" not in bob_client.get(reverse("render-job-list")).content.decode()
-    job.refresh_from_db()
-    assert (job.state, stored(render_dir)) == (State.UPLOADED, before)
+    assert_left_as_found(before, render_dir)  # still uploaded, its files in place, nothing allocated
 
 
 def test_a_job_that_does_not_exist_answers_like_anothers(alice_client: Client) -> None:
@@ -136,12 +138,20 @@ def test_cancelling_a_job_before_its_estimate_removes_its_files(
     assert stored(render_dir) == []
 
 
-def test_a_cancel_of_a_finished_job_is_refused_and_changes_nothing(alice: User, alice_client: Client) -> None:
-    job = a_job(alice, State.DONE)
+@pytest.mark.parametrize(
+    ("state", "words"),
+    [(State.DONE, "already done"), (State.FAILED, "already failed"), (State.CANCELLED, "already cancelled")],
+)
+def test_a_cancel_of_a_finished_job_is_refused_and_changes_nothing(
+    alice: User, alice_client: Client, render_dir: Path, state: State, words: str
+) -> None:
+    job = a_job(alice, state, folder="t1/finished", queued_at=timezone.now(), finished_at=timezone.now())
+    (job.folder_path() / "frames").mkdir(parents=True)
+    (job.folder_path() / "frames" / "frame_000001.png").write_bytes(b"\x89PNG\r\n\x1a\n")
+    before = traces(render_dir)
     answer = alice_client.post(reverse("render-job-cancel", args=[job.pk]))
-    assert answer.status_code == 409 and "This job is already done." in answer.content.decode()
-    job.refresh_from_db()
-    assert job.state == State.DONE
+    assert answer.status_code == 409 and f"This job is {words}." in answer.content.decode()
+    assert_left_as_found(before, render_dir)  # its frames kept, its state as it was, nothing allocated
 
 
 def test_a_running_job_is_not_cancelled_by_the_before_queue_path(alice: User) -> None:

@@ -17,6 +17,7 @@ from sessions.render.uploads import SceneUploadHandler, Upload, owner_folder
 from tests.render import scenes
 from tests.render.conftest import Upload as PostScene
 from tests.render.conftest import form_fields, stored
+from tests.render.leftovers import assert_left_as_found, assert_nothing_left, traces
 
 pytestmark = pytest.mark.django_db
 
@@ -89,7 +90,7 @@ def test_a_main_file_named_on_the_form_is_used_and_a_wrong_name_refused(
     assert "The zip holds no 'c.blend'; its .blend files are 'a.blend', 'b.blend'." in refusal(
         post_scene("two.zip", data, main_file="c.blend")
     )
-    assert stored(render_dir) == []
+    assert_nothing_left(render_dir)
     post_scene("two.zip", data, main_file="b.blend")
     assert RenderJob.objects.get().main_file == "b.blend"
 
@@ -99,10 +100,10 @@ def test_a_chosen_main_file_that_is_no_blend_is_refused_and_the_job_waits(
 ) -> None:
     post_scene("two.zip", scenes.zip_of(("a.blend", scenes.blend()), ("b.blend", scenes.PNG)))
     job = RenderJob.objects.get()
+    before = traces(render_dir)
     answer = alice_client.post(reverse("render-job-main-file", args=[job.pk]), {"main_file": "b.blend"})
     assert answer.status_code == 400 and "is not a Blender file: it is a PNG image" in answer.content.decode()
-    job.refresh_from_db()
-    assert job.state == "uploaded"
+    assert_left_as_found(before, render_dir)  # still uploaded, its files as they were, no probe sent
 
 
 BAD_UPLOADS = [
@@ -119,6 +120,7 @@ BAD_UPLOADS = [
     ("link.zip", scenes.symlink_zip(), "a symbolic link ('textures/wood.png')"),
     ("pipe.zip", scenes.fifo_zip(), "a special file ('pipe')"),
     ("bomb.zip", scenes.bomb_zip(64 << 20), "unpacks to more than 8 MiB"),
+    ("lying.zip", scenes.lying_zip(), "textures/big.raw"),  # its directory says 10 bytes: caught unpacking
     ("many.zip", scenes.many_entries_zip(20_000), "holds 20,001 entries; a scene may hold at most 5,000 files"),
     ("none.zip", scenes.zip_of(("wood.png", scenes.PNG)), "holds no .blend file"),
     ("bad-main.zip", scenes.zip_of(("a.blend", scenes.PNG)), "'a.blend' is not a Blender file: it is a PNG image."),
@@ -140,8 +142,7 @@ def test_a_bad_upload_is_refused_in_words_and_leaves_nothing_on_disk(
     settings.RENDER_MAX_ZIP_ENTRIES = 5000
     errors = refusal(post_scene(name, data))
     assert any(words in error for error in errors), errors
-    assert not RenderJob.objects.exists()
-    assert stored(render_dir) == []
+    assert_nothing_left(render_dir)
 
 
 def test_an_upload_past_the_limit_is_stopped_while_it_streams_and_its_part_removed(
@@ -152,8 +153,7 @@ def test_an_upload_past_the_limit_is_stopped_while_it_streams_and_its_part_remov
     settings.RENDER_MAX_UPLOAD_BYTES = 256 * 1024  # the body (300 KiB) is within the limit plus the form's room
     errors = refusal(post_scene("big.blend", scenes.blend() + b"\x00" * 300 * 1024, frames="1-3"))
     assert errors == ["The file is larger than 256 KiB, the most a scene upload may be."]
-    assert stored(render_dir) == []
-    assert not RenderJob.objects.exists()
+    assert_nothing_left(render_dir)
 
 
 def test_a_body_that_says_it_is_too_big_is_refused_before_a_byte_is_stored(
@@ -165,7 +165,7 @@ def test_a_body_that_says_it_is_too_big_is_refused_before_a_byte_is_stored(
     response = post_scene("big.blend", b"\x00" * 1024 * 1024, frames="1-3")
     assert refusal(response) == ["The file is larger than 64 KiB, the most a scene upload may be."]
     assert response.context["form"]["frames"].value() == "1-3"  # sent before the file: kept on the form
-    assert stored(render_dir) == []
+    assert_nothing_left(render_dir)
 
 
 def test_the_handler_stops_at_the_chunk_that_passes_the_limit_and_removes_the_part(
@@ -179,7 +179,7 @@ def test_the_handler_stops_at_the_chunk_that_passes_the_limit_and_removes_the_pa
     with pytest.raises(StopUpload):
         handler.receive_data_chunk(b"0", 10)
     assert upload.refusal.startswith("The file is larger than 10 bytes")
-    assert stored(render_dir) == []
+    assert_nothing_left(render_dir)
 
 
 def test_a_second_file_in_the_body_is_refused(alice: User, render_dir: Path) -> None:
@@ -191,7 +191,7 @@ def test_a_second_file_in_the_body_is_refused(alice: User, render_dir: Path) -> 
     with pytest.raises(StopUpload):
         handler.new_file("scene", "b.blend", "application/octet-stream", None)
     assert "one file per job" in upload.refusal
-    assert stored(render_dir) == []
+    assert_nothing_left(render_dir)
 
 
 def test_an_upload_refused_by_the_csrf_check_leaves_nothing(alice: User, render_dir: Path, fleet: None) -> None:
@@ -201,7 +201,7 @@ def test_an_upload_refused_by_the_csrf_check_leaves_nothing(alice: User, render_
     fields = form_fields()
     fields["scene"] = SimpleUploadedFile("a.blend", scenes.blend())
     assert client.post(reverse("render-job-upload"), fields).status_code == 403
-    assert stored(render_dir) == [] and not RenderJob.objects.exists()
+    assert_nothing_left(render_dir)
 
 
 def test_someone_outside_users_is_refused_before_the_body_is_read(render_dir: Path, fleet: None, roles: None) -> None:
@@ -213,17 +213,23 @@ def test_someone_outside_users_is_refused_before_the_body_is_read(render_dir: Pa
     fields["scene"] = SimpleUploadedFile("a.blend", scenes.blend())
     answer = outsider.post(reverse("render-job-upload"), fields)
     assert answer.status_code == 403 and "cannot start GPU sessions or render jobs" in answer.content.decode()
-    assert stored(render_dir) == []
+    assert_nothing_left(render_dir)
 
 
 @pytest.mark.parametrize(
     ("overrides", "field", "words"),
     [
-        ({"frames": "30-1"}, "frames", "runs backwards"),
-        ({"frames": ""}, "frames", "This field is required."),
-        ({"frames": "-3"}, "frames", "cannot be negative"),
-        ({"frames": "1-3x"}, "frames", "is not a frame"),
-        ({"frames": "1-20000"}, "frames", "a job renders at most 10,000"),
+        ({"frames": "30-1"}, "frames", "'30-1' runs backwards: write the first frame first (1-30)."),
+        ({"frames": ""}, "frames", "Say which frames to render, e.g. 1-250"),
+        ({"frames": "   "}, "frames", "Say which frames to render, e.g. 1-250"),
+        ({"frames": "1,,3"}, "frames", "'1,,3' has an empty item between commas."),
+        ({"frames": "-3"}, "frames", "'-3': frame numbers cannot be negative."),
+        ({"frames": "5--3"}, "frames", "'5--3': frame numbers cannot be negative."),
+        ({"frames": "1-3x"}, "frames", "'1-3x' is not a frame, a range or a stepped range"),
+        ({"frames": "frames one to ten"}, "frames", "is not a frame, a range or a stepped range"),
+        ({"frames": "1-20000"}, "frames", "That is 20,000 frames; a job renders at most 10,000."),
+        ({"frames": "1-9000, 9001-10001"}, "frames", "That is 10,001 frames; a job renders at most 10,000."),
+        ({"frames": "2000000"}, "frames", "Blender renders frames up to 1,048,574 only"),
         ({"offer": "mig:H200-SXM5-141GB:9g.999gb"}, "offer", "Select a valid choice"),
         ({"resolution_percent": "0"}, "resolution_percent", "greater than or equal to 1"),
         ({"max_slices": "99"}, "max_slices", "at most 4 slices at once"),
@@ -235,7 +241,7 @@ def test_a_bad_setting_is_refused_on_the_form_and_the_upload_removed(
 ) -> None:
     errors = refusal(post_scene("a.blend", scenes.blend(), **overrides), field)
     assert any(words in error for error in errors), errors
-    assert stored(render_dir) == []
+    assert_nothing_left(render_dir)
 
 
 def test_the_form_offers_the_launch_forms_slices_with_their_prices(alice_client: Client, fleet: None) -> None:
