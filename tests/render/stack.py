@@ -63,6 +63,42 @@ NO_CAMERA_SCENE = SMALL_SCENE.replace(
     'bpy.data.objects.remove(bpy.data.objects["Camera"])\ncube = bpy.data.objects["Cube"]',
 ).replace("small.blend", "no-camera.blend")
 
+# What an attacker would hide in a scene: a registered text block (run when the file is loaded, if scripts
+# may run) that writes a marker, opens a connection and makes the scene render 17 pixels wide, and a scripted
+# driver that writes another marker. The markers go to /out (the probe's or the frames' folder); the width
+# shows in the scene's facts and in every frame, so a run whose /out is thrown away (the probe's) still tells.
+HOSTILE_WIDTH = 17
+HOSTILE_TEXT = f"""
+import socket
+open("/out/text-block-ran", "w").write("ran")
+try:
+    socket.create_connection(("127.0.0.1", 9), timeout=2)
+    outcome = "connected"
+except OSError as error:
+    outcome = type(error).__name__
+open("/out/text-block-connected", "w").write(outcome)
+import bpy
+for scene in bpy.data.scenes:
+    scene.render.resolution_x = {HOSTILE_WIDTH}
+"""
+HOSTILE_SCENE = f"""
+import bpy
+scene = bpy.context.scene
+scene.render.engine = "CYCLES"
+scene.cycles.samples = 1
+scene.cycles.use_denoising = False
+scene.render.resolution_x, scene.render.resolution_y, scene.render.resolution_percentage = 32, 24, 100
+scene.frame_start, scene.frame_end = 1, 2
+text = bpy.data.texts.new("autorun.py")
+text.write({HOSTILE_TEXT!r})
+text.use_module = True
+curve = bpy.data.objects["Cube"].driver_add("location", 0)
+curve.driver.type = "SCRIPTED"
+curve.driver.expression = "open('/out/driver-ran', 'w').write('ran') * 0"
+bpy.ops.wm.save_as_mainfile(filepath="/out/hostile.blend")
+"""
+MARKERS = ("text-block-ran", "text-block-connected", "driver-ran")
+
 
 def blender_in_image(folder: Path, script: str) -> None:
     command = [DOCKER, "run", "--rm", "--network", "none", "--user", "root", "-v", f"{folder}:/out", RENDER_IMAGE]
@@ -110,7 +146,7 @@ def once(key: str, make: Callable[[], contextlib.AbstractContextManager[Any]]) -
 @contextlib.contextmanager
 def scene_folder() -> Iterator[Path]:
     with own_folder("render-scenes") as folder:
-        for script in (SMALL_SCENE, SLOW_SCENE, NO_CAMERA_SCENE):
+        for script in (SMALL_SCENE, SLOW_SCENE, NO_CAMERA_SCENE, HOSTILE_SCENE):
             blender_in_image(folder, script)
         (folder / "unreadable.blend").write_bytes(b"BLENDER-v304" + secrets.token_bytes(4096))
         yield folder

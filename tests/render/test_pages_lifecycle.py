@@ -21,6 +21,7 @@ from django.urls import reverse
 
 from sessions.render.models import RenderChunk, RenderFrame, RenderJob
 from tests.render.conftest import form_fields
+from tests.render.leftovers import assert_left_as_found, traces
 from tests.render.stack import (  # noqa: F401 (fixtures)
     MIG_OFFER,
     containers_of,
@@ -30,6 +31,7 @@ from tests.render.stack import (  # noqa: F401 (fixtures)
     render_stack,
     render_worker,
     scenes,
+    slices_of,
     state_of,
     wait_for,
 )
@@ -127,6 +129,8 @@ def test_an_upload_is_estimated_confirmed_rendered_and_its_frames_downloaded_by_
             on_disk = (job.folder_path() / stored.output_path).read_bytes()
             assert opened.read(name) == on_disk and on_disk.startswith(PNG_SIGNATURE)
 
+    wait_for(lambda: all(taken.released_at for taken in slices_of(job)), 30, "its slices released")
+    before = traces(render_stack, docker=True)
     bob_client = Client()
     bob_client.force_login(bob)
     for url in results_urls(job, 1):
@@ -140,8 +144,8 @@ def test_an_upload_is_estimated_confirmed_rendered_and_its_frames_downloaded_by_
 
     refused = alice_client.post(reverse("render-job-cancel", args=[job.pk]))
     assert refused.status_code == 409 and "This job is already done." in refused.content.decode()
-    assert state_of(job) == State.DONE
     assert alice_client.get(reverse("render-frame-download", args=[job.pk, 9])).status_code == 404
+    assert_left_as_found(before, render_stack)  # bob's tries and the late cancel: the job and its frames as they were
 
 
 def test_a_scene_the_probe_cannot_render_shows_blenders_own_words_on_its_page(

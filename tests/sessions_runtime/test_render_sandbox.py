@@ -39,6 +39,7 @@ from sessions.runtime.slices import spec_for
 from sessions.runtime.spec import ContainerSpec
 from tests.gpus.conftest import use_fleet
 from tests.helpers.processes import ROOT
+from tests.render.stack import HOSTILE_SCENE, HOSTILE_WIDTH, MARKERS
 
 pytestmark = [pytest.mark.docker, pytest.mark.django_db]
 
@@ -60,38 +61,10 @@ cube.keyframe_insert("rotation_euler", frame=3)
 bpy.ops.wm.save_as_mainfile(filepath="/out/scene.blend")
 """
 
-# The same, plus what an attacker would hide in a scene: a registered text block (run when the file is
-# loaded) that writes a marker and opens a connection, and a scripted driver that writes another marker.
-HOSTILE_TEXT = """
-import socket
-open("/out/text-block-ran", "w").write("ran")
-try:
-    socket.create_connection(("127.0.0.1", 9), timeout=2)
-    outcome = "connected"
-except OSError as error:
-    outcome = type(error).__name__
-open("/out/text-block-connected", "w").write(outcome)
-"""
-HOSTILE_SCENE = f"""
-import bpy
-scene = bpy.context.scene
-scene.render.engine = "CYCLES"
-scene.cycles.samples = 1
-scene.cycles.use_denoising = False
-scene.render.resolution_x, scene.render.resolution_y = 32, 24
-text = bpy.data.texts.new("autorun.py")
-text.write({HOSTILE_TEXT!r})
-text.use_module = True
-curve = bpy.data.objects["Cube"].driver_add("location", 0)
-curve.driver.type = "SCRIPTED"
-curve.driver.expression = "open('/out/driver-ran', 'w').write('ran') * 0"
-bpy.ops.wm.save_as_mainfile(filepath="/out/hostile.blend")
-"""
 # A render that takes hours: a million samples, every one of them taken (no adaptive sampling).
 SLOW_SCENE = SMALL_SCENE.replace(
     "samples = 4", "samples = 1 << 20\nscene.cycles.use_adaptive_sampling = False"
 ).replace("scene.blend", "slow.blend")
-MARKERS = ("text-block-ran", "text-block-connected", "driver-ran")
 
 
 def blender_in_image(folder: Path, *args: str, scene: Path | None = None) -> str:
@@ -329,12 +302,15 @@ def test_a_file_that_is_no_readable_blend_is_refused_with_blenders_own_words(
 def test_a_scenes_text_block_and_scripted_driver_never_run_in_the_sandbox(
     scenes: Path, spec: ContainerSpec, tmp_path: Path
 ) -> None:
-    # Proof that they would run: Blender with scripts allowed (-y) writes every marker, and tried to connect.
+    # Proof that they would run: Blender with scripts allowed (-y) writes every marker, tried to connect, and
+    # rendered the frame as wide as the text block said.
     allowed = tmp_path / "allowed"
     allowed.mkdir()
     blender_in_image(allowed, "-b", "-y", "/scene/hostile.blend", "-o", "/out/f_#", "-f", "1", scene=scenes)
     assert sorted(path.name for path in allowed.iterdir() if not path.name.startswith("f_")) == sorted(MARKERS)
     assert (allowed / "text-block-connected").read_text() == "ConnectionRefusedError"
+    [allowed_frame] = allowed.glob("f_*.png")
+    assert png_size(allowed_frame) == (HOSTILE_WIDTH, 24)
 
     runtime, scene = DockerRuntime(), Scene(scenes, "hostile.blend")
     facts = read_scene(runtime, spec, scene)
@@ -343,9 +319,11 @@ def test_a_scenes_text_block_and_scripted_driver_never_run_in_the_sandbox(
     rendered_in.mkdir()
     probed = probe(runtime, spec, scene, probed_in, RenderSettings(), samples=1)
     rendered = render(runtime, spec, scene, rendered_in, (1, 2), RenderSettings(), wall_time_s=120)
-    assert facts.resolution_x == 32 and probed.result.ok and rendered.ok
+    assert facts.resolution_x == probed.facts.resolution_x == 32 and probed.result.ok and rendered.ok
     assert sorted(path.name for path in probed_in.iterdir()) == ["frame_000001.png"]
     assert sorted(path.name for path in rendered_in.iterdir()) == ["frame_000001.png", "frame_000002.png"]
-    # Blender saw both and said it skipped them.
+    assert {png_size(path) for path in [*probed_in.iterdir(), *rendered_in.iterdir()]} == {(32, 24)}
+    # Blender saw both and said it skipped them; no container of the runs is left.
     assert "autorun.py" in rendered.log.skipped_scripts
     assert any("driver-ran" in name for name in rendered.log.skipped_scripts)
+    assert runtime.containers_for("render") == []
