@@ -198,6 +198,8 @@ def _estimated(job_id: int, found: Probe | Exception) -> RenderJob:
             return job
         if isinstance(found, Exception):
             job.save(update_fields=job.move(State.FAILED, _probe_failure(found)))
+            # Nothing of it can ever render (re-queueing needs rendered frames): its scene goes, its row stays.
+            transaction.on_commit(lambda: jobs.remove_files(job), robust=True)
         else:
             _write_estimate(job, found)
             job.save(update_fields=job.move(State.AWAITING_CONFIRMATION))

@@ -11,12 +11,12 @@ from django.test import Client
 from django.urls import reverse
 from django.utils import timezone
 
-from sessions.render import jobs
+from sessions.render import jobs, services
 from sessions.render.models import RenderJob
 from tests.render import scenes
 from tests.render.conftest import Upload as PostScene
 from tests.render.conftest import stored
-from tests.render.leftovers import assert_left_as_found, traces
+from tests.render.leftovers import Traces, assert_left_as_found, traces
 
 pytestmark = pytest.mark.django_db
 State = RenderJob.State
@@ -186,3 +186,17 @@ def test_a_folder_an_upload_left_when_it_died_is_removed_once_long_untouched(
     assert jobs.remove_orphan_folders() == 1
     assert not dead.exists() and fresh.exists()  # an upload may still be streaming into the fresh one
     assert job.scene_path().joinpath("scene.blend").exists()  # a job's folder stays however old
+
+
+def test_a_job_whose_estimate_fails_keeps_its_row_and_words_but_not_its_scene(
+    post_scene: PostScene, render_dir: Path, django_capture_on_commit_callbacks
+) -> None:  # type: ignore[no-untyped-def]
+    post_scene("a.blend", scenes.blend())
+    job = RenderJob.objects.get()
+    assert job.state == State.ESTIMATING and stored(render_dir) != []
+    with django_capture_on_commit_callbacks(execute=True):
+        services.no_slice_for_probe(job.pk, "every H200 slice is taken")
+    job.refresh_from_db()
+    assert job.failure_message == "No slice was free for the estimate: every H200 slice is taken"
+    # It can never render (re-queueing needs rendered frames): nothing of it stays on disk or allocated.
+    assert traces(render_dir) == Traces(files=(), jobs=((job.pk, State.FAILED),), held_slices=(), containers=None)

@@ -17,6 +17,7 @@ from sessions.gpus.allocator import SliceRequest, allocate, holding_started
 from sessions.gpus.holders import Holder
 from sessions.render import recovery, services
 from sessions.render.models import RenderChunk, RenderFrame, RenderJob
+from tests.render.leftovers import traces
 from tests.render.stack import (  # noqa: F401 (fixtures)
     CHUNK_ATTEMPTS,
     containers_of,
@@ -97,6 +98,7 @@ def test_a_chunk_that_fails_is_tried_again_then_fails_the_job_with_blenders_word
 def test_a_scene_blender_cannot_read_fails_at_the_probe_and_only_the_probe_is_billed(
     render_stack: Path, scenes: Path, alice: User
 ) -> None:
+    before = traces(render_stack, docker=True)
     job = make_job(alice, scenes / "unreadable.blend", [1], State.VALIDATED)
     services.request_estimate(job.pk)
     wait_for(lambda: state_of(job) != State.ESTIMATING, 120, "the probe")
@@ -108,6 +110,10 @@ def test_a_scene_blender_cannot_read_fails_at_the_probe_and_only_the_probe_is_bi
     [probe_slice] = slices_of(job)
     assert probe_slice.released_at is not None
     assert probe_slice.held_from is not None and probe_slice.held_until is not None
+    # Nothing of the job can render again: its scene is gone, and it holds no slice and no container.
+    after = traces(render_stack, docker=True)
+    assert not job.folder_path().exists()
+    assert (after.files, after.held_slices, after.containers) == (before.files, before.held_slices, before.containers)
     meter.charge_holding(probe_slice.pk)
     assert ChargedMinute.objects.filter(usage__slice=probe_slice).count() >= 1
 
