@@ -3,8 +3,10 @@ time per frame, the time left, the cost so far, the latest thumbnail and the end
 
 ``snapshot`` reads the figures from the rows (any page can show them on load); ``ChunkRun`` keeps what only
 the running chunk knows (the sample reached, the log tail) and pushes, at most a few times a second, through
-``portal.push.render_progress``. Cost so far is each of the job's slices' started minutes, from its recorded
-holding, at that slice's rate now (the pricing seam billing fills); the meter charges the same minutes.
+``portal.push.render_progress``; the log tail it pushes is also kept in the cache, so a page loaded between
+two pushes shows it at once (once no chunk runs, the last chunk's own excerpt stands in). Cost so far is each
+of the job's slices' started minutes, from its recorded holding, at that slice's rate now (the pricing seam
+billing fills); the meter charges the same minutes.
 """
 
 from __future__ import annotations
@@ -18,7 +20,8 @@ from decimal import ROUND_HALF_UP, Decimal
 from typing import Any
 
 from django.conf import settings
-from django.db import transaction
+from django.core.cache import cache
+from django.db import models, transaction
 from django.urls import NoReverseMatch, reverse
 from django.utils import timezone
 
@@ -32,6 +35,7 @@ from sessions.runtime.blender_log import Event, FrameSaved, Marked, Progress
 
 PUSH_EVERY_S = 0.5  # sample lines come many a second; a frame saved or a state change goes at once
 TAIL_LINES = 12
+TAIL_KEPT_S = 24 * 3600  # a running chunk's tail in the cache: rewritten at each push, gone a day after the last
 SHOWN_QUANTUM = Decimal("0.01")  # as billing.money shows amounts: half up, two decimals, the currency
 
 
@@ -90,6 +94,37 @@ def seconds_per_frame(job: RenderJob) -> float | None:
     return round(sum(spans) / len(spans), 2) if spans else None
 
 
+def percent_of(done: int, total: int) -> int:
+    """Frames done as a whole percentage, rounded down: 100 only once every frame is done."""
+    return math.floor(100 * done / total) if total else 0
+
+
+def frames_done(job_ids: Iterable[int]) -> dict[int, int]:
+    """Each job's finished frames, for many jobs in one query (the jobs list)."""
+    ids = list(job_ids)
+    counted = (
+        RenderFrame.objects.filter(job_id__in=ids, state=RenderFrame.State.DONE)
+        .values("job_id")
+        .annotate(done=models.Count("pk"))
+        .values_list("job_id", "done")
+    )
+    return {**dict.fromkeys(ids, 0), **dict(counted)}
+
+
+def _tail_key(job_id: int) -> str:
+    return f"render:log-tail:{job_id}"
+
+
+def log_tail(job: RenderJob) -> list[str]:
+    """The end of Blender's output as the job's page shows it on load: the latest tail a chunk of it pushed,
+    else the end of the last finished chunk's output."""
+    kept = cache.get(_tail_key(job.pk))
+    if kept:
+        return [str(line) for line in kept]
+    last = job.chunks.filter(finished_at__isnull=False).exclude(log_excerpt="").order_by("-finished_at").first()
+    return last.log_excerpt.splitlines()[-TAIL_LINES:] if last else []
+
+
 def thumbnail_url(job_id: int, number: int) -> str:
     """Where the job page fetches a frame's thumbnail (empty until the results pages name that route)."""
     try:
@@ -117,13 +152,14 @@ def snapshot(job: RenderJob) -> dict[str, Any]:
         "frames_done": done,
         "frames_total": total,
         "frames_failed": frames.filter(state=RenderFrame.State.FAILED).count(),
-        "percent": math.floor(100 * done / total) if total else 0,
+        "percent": percent_of(done, total),
         "seconds_per_frame": per_frame,
         "eta_seconds": eta,
         "cost": shown(cost_so_far(job)),
         "thumbnail": thumbnail_url(job.pk, latest.number) if latest else "",
         "latest_frame": latest.number if latest else None,
         "failure": job.failure_message,
+        "log_tail": log_tail(job),
     }
 
 
@@ -132,6 +168,8 @@ def announce(job: RenderJob, live: dict[str, Any] | None = None) -> None:
     job_id, owner_id = job.pk, job.owner_id
 
     def send() -> None:
+        if live and live.get("log_tail"):  # kept first, so the snapshot and a page loaded now show it too
+            cache.set(_tail_key(job_id), live["log_tail"], TAIL_KEPT_S)
         payload = snapshot(RenderJob.objects.get(pk=job_id))
         push.render_progress(owner_id, job_id, {**payload, **(live or {})})
 

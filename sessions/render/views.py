@@ -44,10 +44,15 @@ def _person(request: PortalRequest) -> User:
 def _page(request: PortalRequest, form: RenderJobForm | None = None, status: int = 200) -> HttpResponse:
     user = _person(request)
     listed = _listed(request)
-    costs = progress.costs_so_far(job.pk for job in listed)  # one look at all their slices, not one per job
+    # One look at all their slices and one count of all their frames, not one of each per job.
+    costs = progress.costs_so_far(job.pk for job in listed)
+    done = progress.frames_done(job.pk for job in listed)
     context: dict[str, object] = {
         "jobs": listed,
-        "rows": [(job, progress.shown(costs[job.pk])) for job in listed],
+        "rows": [
+            (job, progress.shown(costs[job.pk]), done[job.pk], progress.percent_of(done[job.pk], job.frame_count))
+            for job in listed
+        ],
         "everyone": is_operator(user),
         "cancellable": [state for state in RenderJob.State if state not in RenderJob.ENDED],
     }

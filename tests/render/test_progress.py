@@ -119,3 +119,59 @@ def test_chunks_take_the_frames_in_order_the_last_one_shorter() -> None:
     assert services.split([1, 2, 3, 4, 5], 2) == [[1, 2], [3, 4], [5]]
     assert services.split([7], 10) == [[7]]
     assert services.split([1, 2, 3], 0) == [[1], [2], [3]]
+
+
+def test_the_job_page_shows_the_log_tail_its_running_chunk_pushed_as_it_loads(
+    alice: User,
+    settings,
+    tmp_path: Path,  # type: ignore[no-untyped-def]
+) -> None:
+    from django.test import Client
+    from django.urls import reverse
+
+    settings.RENDER_DIR = tmp_path
+    job = a_job(alice, [1, 2])
+    RenderJob.objects.filter(pk=job.pk).update(queued_at=timezone.now())
+    client = Client()
+    client.force_login(alice)
+    page = reverse("render-job-detail", args=[job.pk])
+    assert tail_shown(client.get(page).content.decode()) == "", "nothing pushed yet: an empty tail"
+
+    run = progress.ChunkRun(job, on_saved=lambda name: None)
+    run.line("Blender 3.4.1 (hash abc built 2023-01-01)", None)
+    run.line("Fra:1 Mem:9M | Time:00:00.40 | Scene, ViewLayer | Sample 1/4", Progress(1, 0.4, 1, 4, "Sample 1/4"))
+
+    shown = tail_shown(client.get(page).content.decode())
+    assert shown.splitlines() == ["Blender 3.4.1 (hash abc built 2023-01-01)", run.tail[-1]]
+    assert progress.snapshot(job)["log_tail"] == run.tail, "and what the socket sends with any later change"
+
+
+def test_once_no_chunk_runs_the_job_page_shows_the_end_of_the_last_chunks_output(
+    alice: User, settings, tmp_path: Path
+) -> None:  # type: ignore[no-untyped-def]
+    from django.test import Client
+    from django.urls import reverse
+
+    settings.RENDER_DIR = tmp_path
+    job = a_job(alice, [1, 2], RenderJob.State.DONE)
+    RenderJob.objects.filter(pk=job.pk).update(queued_at=timezone.now())
+    earlier, last = timezone.now() - timedelta(minutes=2), timezone.now()
+    RenderChunk.objects.create(job=job, index=0, frames=[1], state="done", finished_at=earlier, log_excerpt="first")
+    lines = [f"line {n} <b>" for n in range(30)]
+    RenderChunk.objects.create(
+        job=job, index=1, frames=[2], state="done", finished_at=last, log_excerpt="\n".join(lines)
+    )
+    client = Client()
+    client.force_login(alice)
+    page = client.get(reverse("render-job-detail", args=[job.pk])).content.decode()
+    assert tail_shown(page).splitlines() == lines[-progress.TAIL_LINES :]
+    assert "line 29 &lt;b&gt;" in page, "Blender's words are text, never markup"
+
+
+def tail_shown(page: str) -> str:
+    import html
+    import re
+
+    found = re.search(r'<pre data-field="log_tail"[^>]*>(.*?)</pre>', page, re.S)
+    assert found, "the page has the log tail's region"
+    return html.unescape(found.group(1))

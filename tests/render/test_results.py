@@ -15,7 +15,8 @@ from django.test import Client
 from django.urls import reverse
 
 from sessions.render import results
-from sessions.render.models import RenderFrame, RenderJob
+from sessions.render.models import RenderChunk, RenderFrame, RenderJob
+from tests.render.leftovers import assert_left_as_found, traces
 
 pytestmark = pytest.mark.django_db
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -77,3 +78,43 @@ def test_a_frame_is_served_privately_and_one_unfinished_or_without_thumbnail_is_
     assert served.status_code == 200 and "private" in served["Cache-Control"], "no shared cache keeps it"
     assert client.get(reverse("render-frame-download", args=[job.pk, 2])).status_code == 404
     assert client.get(reverse("render-frame-thumbnail", args=[job.pk, 1])).status_code == 404
+
+
+def test_another_persons_frames_thumbnails_zip_and_log_answer_404_and_change_nothing(
+    alice: User, bob: User, render_dir: Path
+) -> None:
+    job = finished_job(alice, {1: PNG_SIGNATURE + b"alice's frame"})
+    RenderJob.objects.filter(pk=job.pk).update(queued_at=job.created_at)  # rendered: its page shows its progress
+    (job.folder_path() / "thumbnails").mkdir()
+    (job.folder_path() / "thumbnails" / "0001.jpg").write_bytes(b"\xff\xd8\xff alice's thumbnail")
+    RenderFrame.objects.filter(job=job, number=1).update(thumbnail_path="thumbnails/0001.jpg")
+    RenderChunk.objects.create(
+        job=job,
+        index=0,
+        frames=[1],
+        state=RenderChunk.State.DONE,
+        attempts=1,
+        finished_at=job.created_at,
+        log_excerpt="Fra:1 a log line of alice",
+    )
+    seen = [
+        reverse("render-job-detail", args=[job.pk]),
+        reverse("render-frame-thumbnail", args=[job.pk, 1]),
+        reverse("render-frame-download", args=[job.pk, 1]),
+        reverse("render-frames-zip", args=[job.pk]),
+    ]
+    owner, other = Client(), Client()
+    owner.force_login(alice)
+    other.force_login(bob)
+    assert "a log line of alice" in owner.get(seen[0]).content.decode(), "the owner sees the log"
+    assert [owner.get(url).status_code for url in seen] == [200] * 4
+    before = traces(render_dir)
+
+    for url in seen:
+        answer = other.get(url)
+        assert answer.status_code == 404, url
+        assert b"alice" not in b"".join(answer) and b"shot.blend" not in b"".join(answer), url
+    for action in ("render-job-cancel", "render-job-confirm", "render-job-requeue-failed", "render-job-main-file"):
+        assert other.post(reverse(action, args=[job.pk])).status_code == 404, action
+    assert other.get(reverse("render-frame-download", args=[job.pk + 1, 1])).status_code == 404, "nor anyone's"
+    assert_left_as_found(before, render_dir)
