@@ -1,6 +1,7 @@
-"""The launch form's price table in Chromium, on a 1280 px and a 390 px wide screen: every offer's prices
-and what the balance covers are readable, nothing is cut off or scrolls sideways, no price or time breaks
-over two lines, and the columns line up (screenshots saved, looked at)."""
+"""The price tables beside the launch forms (a notebook session's, a render job's upload) in Chromium, on a
+1280 px and a 390 px wide screen: every offer's prices and what the balance covers are readable, nothing is
+cut off or scrolls sideways, no price or time breaks over two lines, and the columns line up (screenshots
+saved, looked at)."""
 
 from __future__ import annotations
 
@@ -43,20 +44,26 @@ def offers(notebook_image: NotebookImage, settings: Any) -> NotebookImage:
     return notebook_image
 
 
+# Each form with the offers' prices: its page, and the card that holds the form.
+FORMS = {"launch": ("/sessions/", "#launch"), "render": ("/sessions/render-jobs/", "#render-upload")}
+
+
+@pytest.mark.parametrize("form", list(FORMS))
 @pytest.mark.parametrize("width", [1280, 390])
 def test_the_price_table_is_readable_on_a_wide_and_a_narrow_screen(
-    portal_server: str, page: Page, alice: User, staff: User, offers: NotebookImage, width: int
+    portal_server: str, page: Page, alice: User, staff: User, offers: NotebookImage, width: int, form: str
 ) -> None:
     ledger.grant_credit(alice, "17.10", by=staff, reason="course")
     page.set_viewport_size({"width": width, "height": 900})
     log_in(page, portal_server, "alice")
-    page.goto(portal_server + "/sessions/")
-    table = page.locator("table.offer-prices")
+    address, card = FORMS[form]
+    page.goto(portal_server + address)
+    table = page.locator(f"{card} table.offer-prices")
     expect(table.get_by_test_id("offer-price").first).to_be_visible()
     rows = table.get_by_test_id("offer-price")
     assert rows.count() >= 5  # MIG profiles of the H200, the A100, the A30 share, the L4
     expect(table).to_contain_text("8.99 CNY")
-    page.locator("#launch").screenshot(path=str(SCREENSHOTS / f"launch-prices-{width}.png"))
+    page.locator(card).screenshot(path=str(SCREENSHOTS / f"{form}-prices-{width}.png"))
     cells = table.evaluate(CELLS)
     priced = [cell for cell in cells if cell["lines"]]
     assert priced, cells

@@ -39,6 +39,19 @@ ALL_LOADED = """() => {
   return shown.length === 3 && shown.every((img) => img.complete && img.naturalWidth > 0);
 }"""
 
+# Records what the jobs list's row of the job shows as it changes: its state, bar and frames done.
+WATCH_ROW = """(id) => {
+  const report = () => {
+    const row = document.getElementById(id);
+    if (!row) { return; }
+    const bar = row.querySelector('progress[data-field="percent"]');
+    const done = row.querySelector('[data-field="frames_done"]');
+    window.reportRow([row.getAttribute("data-state"), bar ? bar.value : "", done ? done.textContent : ""].join("|"));
+  };
+  new MutationObserver(report).observe(document.querySelector(".render-layout"),
+    {attributes: true, childList: true, characterData: true, subtree: true});
+}"""
+
 # Records what the socket writes into the progress region: the bar's value and the frames done.
 WATCH_PROGRESS = """() => {
   const region = document.querySelector("[data-render-progress]");
@@ -51,6 +64,7 @@ WATCH_PROGRESS = """() => {
 
 def shot(page: Page, name: str) -> None:
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    page.bring_to_front()  # Chromium paints no background tab: a screenshot of one waits forever
     page.screenshot(path=str(SCREENSHOTS / f"render-flow-{name}.png"), full_page=True)
 
 
@@ -87,6 +101,12 @@ def test_a_scene_uploaded_in_the_browser_is_estimated_confirmed_rendered_shown_a
     expect(region).to_be_visible()
     page.expose_function("reportProgress", lambda words: seen.append(words))
     page.evaluate(WATCH_PROGRESS)
+    # Beside it, the jobs list in another tab: the job's row follows it over /ws/render/.
+    listed, rows_seen = page.context.new_page(), []
+    listed_watch = PageWatch.on(listed)
+    listed.goto(base + "/sessions/render-jobs/")
+    listed.expose_function("reportRow", lambda words: rows_seen.append(words))
+    listed.evaluate(WATCH_ROW, f"render-job-{job.pk}")
     # Only the socket carries the sample count: the page as served shows a dash there.
     expect(region.locator('[data-field="samples"]')).to_have_text("4", timeout=180_000)
     expect(page.get_by_test_id("state")).to_have_text("Rendering")  # the badge at the top follows the socket too
@@ -121,10 +141,23 @@ def test_a_scene_uploaded_in_the_browser_is_estimated_confirmed_rendered_shown_a
     assert archive.testzip() is None
     shot(page, "5-downloaded")
 
+    # The list in the other tab followed it to the end without a reload of ours: frames done in place while
+    # it rendered, then the row again once it was done.
+    live_row = listed.locator(f"#render-job-{job.pk}")
+    expect(live_row.get_by_test_id("state")).to_have_text("Done")
+    expect(live_row.get_by_test_id("progress")).to_have_text(re.compile(r"100 %\s+3 of 3"))
+    assert any(re.fullmatch(r"rendering\|\d+\|[123]", words) for words in rows_seen), rows_seen
+    assert rows_seen[-1] == "done|100|3", rows_seen
+    shot(listed, "6-listed-live")
+    listed_watch.assert_clean("the jobs list following the job")
+    listed.close()
+    page.bring_to_front()
+
     # The jobs list shows it done, with what it cost so far (the probe's minutes are the probe's own).
     page.get_by_role("link", name="← Render jobs").click()
     row = page.get_by_test_id("render-job").filter(has_text="small.blend")
     expect(row.get_by_test_id("state")).to_have_text("Done")
+    expect(row.locator('progress[data-field="percent"]')).to_have_attribute("value", "100")
     expect(row.get_by_test_id("cost")).to_have_text(re.compile(r"^\d+\.\d\d \w+$"))
     shot(page, "6-listed")
 
