@@ -3,8 +3,10 @@
 Each chunk runs in the render sandbox (``sessions.runtime.render``): frames are recorded, with their
 thumbnails, as Blender says it saved them; progress is pushed as its lines come. A chunk that fails is
 tried again (on another of the job's slices where it holds one), only for its frames not saved yet; its
-last attempt failing fails the job. When no chunk is left for the slice, the slice is released at once,
-its holding ending with its last container.
+last attempt failing fails the job. A run that writes more than PORTAL_RENDER_MAX_OUTPUT_BYTES into its
+output folder (its own, below the job's ``frames``) is stopped and fails the job at once: the scene would
+only do it again. When no chunk is left for the slice, the slice is released at once, its holding ending
+with its last container.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from django.utils import timezone
 from sessions.gpus.allocator import holding_started
 from sessions.gpus.holders import Holder
 from sessions.gpus.models import Slice
-from sessions.render import containers, progress
+from sessions.render import containers, files, progress
 from sessions.render.models import RenderChunk, RenderFrame, RenderJob
 from sessions.render.services import RUNNING, end_holding, held_by, locked, render_settings, scene_of, stop_job
 from sessions.render.thumbnails import make_thumbnail
@@ -29,6 +31,7 @@ from sessions.runtime import blender
 from sessions.runtime.docker import RuntimeError_
 from sessions.runtime.render import RENDER_IMAGE, render
 from sessions.runtime.slices import spec_for
+from sessions.runtime.watchdogs import size_words
 
 log = logging.getLogger(__name__)
 State = RenderJob.State
@@ -42,6 +45,17 @@ class Claim:
     job: RenderJob
     chunk: RenderChunk
     taken: Slice
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How one run of a chunk went: why it failed (None: it did not), Blender's last words, the live figures,
+    and whether trying again is pointless (it wrote past the output limit)."""
+
+    failure: str | None
+    excerpt: str
+    live: dict[str, object]
+    final: bool = False
 
 
 BUSY = "busy"  # another worker renders on this slice now: leave it to that one
@@ -96,14 +110,20 @@ def _claim(job_id: int, slice_id: int) -> Claim | str | None:
         return Claim(job, chunk, taken)
 
 
+def output_folder(job: RenderJob, chunk: RenderChunk) -> Path:
+    """One run's own output folder (mounted at /out): the watchdog counts only what this run wrote."""
+    return job.folder_path() / FRAMES / f"chunk{chunk.index}-{chunk.attempts}"
+
+
 def _run(claim: Claim) -> datetime | None:
     """Render one chunk in the sandbox; returns its container's end moment."""
     job, chunk, taken = claim.job, claim.chunk, claim.taken
-    output = job.folder_path() / FRAMES
-    output.mkdir(exist_ok=True)
+    output = output_folder(job, chunk)
+    output.mkdir(parents=True, exist_ok=True)
     run = progress.ChunkRun(job, on_saved=lambda name: _frame_saved(job, chunk, output / name))
     watched = containers.Watched(on_started=lambda at: holding_started(taken.pk, at or timezone.now()))
-    failure, excerpt = None, ""
+    limit = settings.RENDER_MAX_OUTPUT_BYTES
+    outcome = Outcome(None, "", {})
     try:
         result = render(
             watched,
@@ -114,35 +134,50 @@ def _run(claim: Claim) -> datetime | None:
             render_settings(job, taken),
             wall_time_s=settings.RENDER_CHUNK_WALL_SECONDS,
             on_line=run.line,
+            output_limit=limit,
         )
-        failure, excerpt = result.failure, result.log.excerpt()
         for frame, path in result.saved.items():
             _frame_saved(job, chunk, path, frame)
+        outcome = Outcome(result.failure, result.log.excerpt(), run.live())
+        if result.exit.output_exceeded:
+            outcome = Outcome(_too_much_output(limit), outcome.excerpt, outcome.live, final=True)
+            _keep_only_frames(job, output)
     except (RuntimeError_, FileNotFoundError, ValueError) as error:
-        failure = str(error)
-    _chunk_ended(job.pk, chunk.pk, taken.pk, failure, excerpt, run.live())
+        outcome = Outcome(str(error), "", run.live())
+    _chunk_ended(job.pk, chunk.pk, taken.pk, outcome)
     return watched.finished_at
+
+
+def _too_much_output(limit: int) -> str:
+    return (
+        f"the render wrote more than {size_words(limit)} into its output folder, the most one chunk may write "
+        "(PORTAL_RENDER_MAX_OUTPUT_BYTES); it was stopped and is not tried again"
+    )
+
+
+def _keep_only_frames(job: RenderJob, output: Path) -> None:
+    """What a run stopped for its output leaves: its finished frames stay, the rest goes at once."""
+    done = job.frame_results.filter(state=FrameState.DONE).exclude(output_path="")
+    files.prune(output, {job.folder_path() / path for path in done.values_list("output_path", flat=True)})
 
 
 def _frame_saved(job: RenderJob, chunk: RenderChunk, path: Path, number: int | None = None) -> None:
     """A frame of this chunk is on disk: record it done, with its thumbnail (once)."""
     if number is None:
         number = next((n for n in chunk.frames if blender.frame_file(n, job.output_format) == path.name), None)
-    if number is None or not path.is_file():
+    if number is None or path.is_symlink() or not path.is_file():  # the container made it: never follow a link
         return
     frame = job.frame_results.filter(number=number).exclude(state=FrameState.DONE).first()
     if frame is None:
         return
     thumbnail = make_thumbnail(path, job.folder_path() / THUMBNAILS, settings.RENDER_THUMBNAIL_PIXELS)
     frame.state, frame.finished_at = FrameState.DONE, timezone.now()
-    frame.output_path = str(PurePosixPath(FRAMES, path.name))
+    frame.output_path = path.relative_to(job.folder_path()).as_posix()
     frame.thumbnail_path = str(PurePosixPath(THUMBNAILS, thumbnail.name)) if thumbnail else ""
     frame.save(update_fields=["state", "finished_at", "output_path", "thumbnail_path"])
 
 
-def _chunk_ended(
-    job_id: int, chunk_id: int, slice_id: int, failure: str | None, excerpt: str, live: dict[str, object]
-) -> None:
+def _chunk_ended(job_id: int, chunk_id: int, slice_id: int, outcome: Outcome) -> None:
     with transaction.atomic():
         job = locked(job_id)
         chunk = RenderChunk.objects.select_for_update().get(pk=chunk_id)
@@ -153,28 +188,34 @@ def _chunk_ended(
             .exclude(state=FrameState.DONE)
             .values_list("number", flat=True)
         )
-        chunk.finished_at, chunk.log_excerpt = timezone.now(), excerpt[-8000:]
+        chunk.finished_at, chunk.log_excerpt = timezone.now(), outcome.excerpt[-8000:]
         if job.ended:
             chunk.state = ChunkState.CANCELLED
         elif not missing:  # every frame is saved: done, whatever Blender's exit status said
             chunk.state = ChunkState.DONE
-        elif chunk.attempts < settings.RENDER_CHUNK_ATTEMPTS:
+        elif chunk.attempts < settings.RENDER_CHUNK_ATTEMPTS and not outcome.final:
             chunk.state, chunk.frames = ChunkState.PENDING, sorted(missing)
             job.frame_results.filter(number__in=missing).update(state=FrameState.PENDING)
-            log.info("render job %s chunk %s: attempt %s failed: %s", job_id, chunk.index, chunk.attempts, failure)
+            attempt, why = chunk.attempts, outcome.failure
+            log.info("render job %s chunk %s: attempt %s failed: %s", job_id, chunk.index, attempt, why)
         else:
             chunk.state = ChunkState.FAILED
-            _fail(job, chunk, missing, failure or f"{len(missing)} frames were not saved")
+            _fail(job, chunk, missing, outcome)
         chunk.save(update_fields=["state", "frames", "finished_at", "log_excerpt"])
         if job.state == State.RENDERING and not job.frame_results.exclude(state=FrameState.DONE).exists():
             job.save(update_fields=job.move(State.DONE))
-        progress.announce(job, live)
+        progress.announce(job, outcome.live)
 
 
-def _fail(job: RenderJob, chunk: RenderChunk, missing: list[int], failure: str) -> None:
-    """The chunk failed its last attempt: the job fails with why, its other chunks stop."""
+def _fail(job: RenderJob, chunk: RenderChunk, missing: list[int], outcome: Outcome) -> None:
+    """The chunk failed its last attempt (or one not worth repeating): the job fails with why, its other
+    chunks stop."""
     frames = ", ".join(str(n) for n in missing[:20]) + (" …" if len(missing) > 20 else "")
-    message = f"Frames {frames} failed {chunk.attempts} times; the last time: {failure}."
+    failure = outcome.failure or f"{len(missing)} frames were not saved"
+    if outcome.final:
+        message = f"Frames {frames} failed: {failure}."
+    else:
+        message = f"Frames {frames} failed {chunk.attempts} times; the last time: {failure}."
     if chunk.log_excerpt:
         message += f"\n\n{chunk.log_excerpt}"
     job.save(update_fields=job.move(State.FAILED, message))

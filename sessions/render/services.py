@@ -177,6 +177,7 @@ def estimate(job_id: int) -> RenderJob:
             render_settings(job, taken),
             frame=job.frames[0],
             wall_time_s=settings.RENDER_PROBE_WALL_SECONDS,
+            output_limit=settings.RENDER_MAX_OUTPUT_BYTES,
         )
     except (SceneUnreadable, RuntimeError_, FileNotFoundError, ValueError) as error:
         found = error

@@ -2,8 +2,10 @@
 
 The sandbox is the slice's container spec (its GPU device request, CPU/memory/process limits, no network,
 no capabilities, no privilege gain) plus: a read-only root, the scene folder mounted read-only at /scene,
-one output folder at /out the only writable place (and a small tmpfs /tmp), a non-root user, and a
-wall-time limit past which the container is killed. Every container is removed when its run ends.
+one output folder at /out the only writable place (and a small tmpfs /tmp), a non-root user, a
+wall-time limit past which the container is killed, and a bound on what its output folder may hold (a
+watchdog counts it a few times a second and kills the container past it: /out is a host folder, and a
+hostile scene must not fill the host's disk). Every container is removed when its run ends.
 Blender runs with the file's scripts disabled and factory settings (``sessions.runtime.blender``).
 """
 
@@ -11,7 +13,6 @@ from __future__ import annotations
 
 import math
 import os
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -25,6 +26,7 @@ from sessions.runtime.blender_log import CLOCK, BlenderLog, Event, FrameTiming
 from sessions.runtime.docker import DockerRuntime
 from sessions.runtime.scene_facts import SceneFacts
 from sessions.runtime.spec import LABEL_PREFIX, ContainerSpec
+from sessions.runtime.watchdogs import Watchdogs, size_words
 
 RENDER_IMAGE = "gpu-portal/render:latest"  # built by compose/bin/build-render-image
 RENDER_UID = 10000  # the image's `render` user (compose/images/render/Dockerfile)
@@ -112,8 +114,12 @@ class Exit:
     started_at: datetime | None
     finished_at: datetime | None
     wall_s: float
+    output_limit: int | None = None
+    output_exceeded: bool = False  # the run was stopped (or found) past ``output_limit``
 
     def failure(self, wall_time_s: float, memory_bytes: int) -> str | None:
+        if self.output_exceeded and self.output_limit is not None:
+            return f"stopped: it wrote more than {size_words(self.output_limit)} into its output folder, its limit"
         if self.timed_out:
             return f"stopped: it ran past its wall-time limit of {wall_time_s:g} s"
         if self.oom_killed:
@@ -134,21 +140,16 @@ def run_sandboxed(
     purpose: str,
     on_line: Callable[[str], object] | None = None,
     on_start: OnStart | None = None,
+    output_limit: int | None = None,
 ) -> Exit:
-    """Run a command in the sandbox, streaming its lines, killing it past ``wall_time_s``; always removed."""
+    """Run a command in the sandbox, streaming its lines, killing it past ``wall_time_s`` or once its output
+    folder holds more than ``output_limit`` bytes; always removed."""
     hand_over(scene_folder, output)
     overrides = sandbox_options(scene_folder, output)
     began = time.monotonic()
     container_id = runtime.start(spec, command, labels={**spec.labels, PURPOSE_LABEL: purpose}, **overrides)
-    killed = threading.Event()
-
-    def past_limit() -> None:
-        if runtime.kill(container_id):
-            killed.set()
-
-    watchdog = threading.Timer(wall_time_s, past_limit)
-    watchdog.daemon = True
-    watchdog.start()
+    watchdogs = Watchdogs(runtime, container_id, output, output_limit)
+    watchdogs.start(wall_time_s)
     try:
         if on_start is not None:
             on_start(container_id)
@@ -157,15 +158,17 @@ def run_sandboxed(
                 on_line(line)
         state = runtime.exit_of(container_id)
     finally:
-        watchdog.cancel()
+        watchdogs.stop()
         runtime.remove(container_id)
     return Exit(
         state.exit_code,
-        killed.is_set(),
+        watchdogs.timed_out.is_set(),
         state.oom_killed,
         state.started_at,
         state.finished_at,
         round(time.monotonic() - began, 3),
+        output_limit,
+        watchdogs.over.is_set(),
     )
 
 
@@ -235,6 +238,7 @@ def render(
     wall_time_s: float,
     on_line: OnLine | None = None,
     on_start: OnStart | None = None,
+    output_limit: int | None = None,
 ) -> RenderResult:
     """Render frames of a scene into ``output`` on the spec's slice; fails (``failure`` in words, the log's
     excerpt) unless Blender exited cleanly and every frame's file is there."""
@@ -251,6 +255,7 @@ def render(
         purpose="frames",
         on_line=_streamed(log, on_line),
         on_start=on_start,
+        output_limit=output_limit,
     )
     saved = _saved_frames(log, output, frames, settings.file_format)
     failure = ended.failure(wall_time_s, spec.limits.memory_bytes)
@@ -268,7 +273,8 @@ def _facts(log: BlenderLog, scene: Scene, ended: Exit, wall_time_s: float, memor
     try:
         return SceneFacts.from_json(log.only("facts").value, scene.inside)
     except ValueError as error:  # SceneFactsError among them
-        reason = ended.failure(wall_time_s, memory) if ended.timed_out or ended.oom_killed else None
+        stopped = ended.timed_out or ended.oom_killed or ended.output_exceeded
+        reason = ended.failure(wall_time_s, memory) if stopped else None
         reason = reason or (log.errors[0] if log.errors else str(error))
         raise SceneUnreadable(f"Blender could not read {scene.blend}: {reason}", log.excerpt()) from None
 
@@ -332,6 +338,7 @@ def probe(
     frame: int | None = None,
     samples: int = PROBE_SAMPLES,
     wall_time_s: float = 300,
+    output_limit: int | None = None,
 ) -> Probe:
     """Read the scene and render one frame of it (its first unless told) at ``samples`` samples, with the
     job's other settings; SceneUnreadable, with Blender's own words, if it cannot."""
@@ -348,6 +355,7 @@ def probe(
         wall_time_s=wall_time_s,
         purpose="probe",
         on_line=log.feed,
+        output_limit=output_limit,
     )
     facts = _facts(log, scene, ended, wall_time_s, spec.limits.memory_bytes)
     rendered = facts.frame_start if frame is None else frame

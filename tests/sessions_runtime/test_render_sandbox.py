@@ -37,6 +37,7 @@ from sessions.runtime.render import (
 )
 from sessions.runtime.slices import spec_for
 from sessions.runtime.spec import ContainerSpec
+from sessions.runtime.watchdogs import folder_bytes
 from tests.gpus.conftest import use_fleet
 from tests.helpers.processes import ROOT
 from tests.render.stack import HOSTILE_SCENE, HOSTILE_WIDTH, MARKERS
@@ -232,6 +233,69 @@ def test_the_wall_time_limit_kills_and_removes_a_long_render(scenes: Path, spec:
     assert result.log.current is not None and result.log.current.sample  # killed while it sampled
     assert result.saved == {} and list(output.iterdir()) == []
     assert runtime.containers_for("render") == []
+
+
+# What a hostile run could do to /out, a host folder: fill it with one growing file, or with empty files
+# (inodes fill a disk too). Each loops for ever; only the output watchdog stops it.
+FILLERS = {
+    "one growing file": "while :; do head -c 65536 /dev/zero >> /out/junk; done",
+    "many empty files": "i=0; while :; do : > /out/f$i; i=$((i+1)); done",
+}
+
+
+@pytest.mark.parametrize("filler", FILLERS.values(), ids=FILLERS.keys())
+def test_a_run_writing_past_its_output_limit_is_stopped_at_once_and_says_so(
+    scenes: Path, spec: ContainerSpec, output: Path, filler: str
+) -> None:
+    runtime = DockerRuntime()
+    began = time.monotonic()
+    ended = run_sandboxed(
+        runtime,
+        spec,
+        ["sh", "-c", filler],
+        scene_folder=scenes,
+        output=output,
+        wall_time_s=120,
+        purpose="check",
+        output_limit=1 << 20,
+    )
+    assert time.monotonic() - began < 30 and not ended.timed_out
+    assert ended.output_exceeded and ended.exit_code != 0
+    assert ended.failure(120, spec.limits.memory_bytes) == (
+        "stopped: it wrote more than 1 MiB into its output folder, its limit"
+    )
+    written = folder_bytes(output)
+    assert 1 << 20 < written < 64 << 20, f"stopped soon after the limit, not at the wall time ({written} bytes)"
+    assert runtime.containers_for("render") == []
+
+
+def test_a_run_within_its_output_limit_is_not_stopped(scenes: Path, spec: ContainerSpec, output: Path) -> None:
+    ended = run_sandboxed(
+        DockerRuntime(),
+        spec,
+        ["sh", "-c", "head -c 100000 /dev/zero > /out/frame; sleep 1"],
+        scene_folder=scenes,
+        output=output,
+        wall_time_s=60,
+        purpose="check",
+        output_limit=1 << 20,
+    )
+    assert ended.exit_code == 0 and not ended.output_exceeded
+    assert ended.failure(60, spec.limits.memory_bytes) is None
+
+
+def test_the_output_count_follows_no_link_and_counts_a_sparse_file_at_its_length(tmp_path: Path) -> None:
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "big").write_bytes(b"x" * (1 << 20))
+    output = tmp_path / "out"
+    output.mkdir()
+    (output / "link").symlink_to(outside)
+    assert folder_bytes(output) == 4096, "the link is one entry; what it points to is not counted"
+    with (output / "sparse").open("wb") as sparse:
+        sparse.truncate(1 << 30)
+    assert folder_bytes(output) == 4096 + (1 << 30)
+    assert folder_bytes(output, stop_above=1000) > 1000
 
 
 def test_a_run_whose_reader_gives_up_leaves_no_container_behind(
