@@ -214,7 +214,8 @@ CHANNEL_LAYERS = {
     },
 }
 
-CELERY_BROKER_URL = REDIS_URL
+# The broker may be a Redis (or any broker Celery speaks) of its own; by default the one Redis.
+CELERY_BROKER_URL = env.text("PORTAL_CELERY_BROKER_URL", "") or REDIS_URL
 CELERY_RESULT_BACKEND = REDIS_URL
 CELERY_TASK_DEFAULT_QUEUE = env.text("PORTAL_CELERY_QUEUE", "portal")
 CELERY_TASK_ACKS_LATE = True

@@ -86,6 +86,12 @@ class RenderJob(models.Model):
     started_at = models.DateTimeField(null=True, blank=True, help_text="When its first chunk began to render.")
     finished_at = models.DateTimeField(null=True, blank=True, help_text="When it was done, failed or cancelled.")
     failure_message = models.TextField(blank=True, help_text="What its owner is told, in words.")
+    estimate_sent_at = models.DateTimeField(
+        null=True,
+        blank=True,
+        help_text="When the probe's task last went to the broker or last ran; empty: never sent (the broker did "
+        "not answer), so reconciliation sends it.",
+    )
 
     class Meta:
         ordering = ["-created_at"]

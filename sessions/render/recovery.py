@@ -3,7 +3,8 @@
 At its start the render worker finds the chunks it was rendering (their workers died with it): their
 containers are stopped and the chunks wait again, without losing an attempt, and each job gets workers for
 its slices again. Reconciliation frees what a crashed job left: slices a finished (or vanished) job still
-holds, containers of jobs that ended, chunks whose container is gone; and seeks slices for jobs that wait.
+holds, containers of jobs that ended, chunks whose container is gone; seeks slices for jobs that wait; and
+sends the estimate again where its task was lost (a broker that did not answer the upload).
 As with notebooks (sessions/notebooks/reconcile.py), safe to run at any time.
 """
 
@@ -13,6 +14,7 @@ import logging
 from datetime import timedelta
 
 from django.db import transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from sessions.gpus.holders import HolderKind
@@ -25,6 +27,9 @@ log = logging.getLogger(__name__)
 # A chunk's worker removes its container, then records the chunk: a chunk seen rendering without a
 # container is put back only once this much has passed since it began.
 GRACE = timedelta(minutes=2)
+# A probe's task that waits for a slice runs again every half minute and says so (``estimate_sent_at``): one
+# not heard of for this long, with no probe running, was lost with its message.
+ESTIMATE_SILENCE = timedelta(minutes=10)
 ChunkState = RenderChunk.State
 
 
@@ -74,6 +79,7 @@ def _restart_probe(runtime: DockerRuntime, job_id: int) -> None:
 def reconcile(runtime: DockerRuntime | None = None) -> dict[str, int]:
     runtime = runtime or DockerRuntime()
     counts = {"slices_released": 0, "containers_removed": 0, "chunks_put_back": 0, "workers_sent": 0}
+    counts["estimates_sent"] = _send_lost_estimates()
     counts["slices_released"] = _release_leftover_slices(runtime)
     counts["containers_removed"] = _remove_leftover_containers(runtime)
     counts["chunks_put_back"] = _put_back_lost_chunks(runtime)
@@ -82,6 +88,27 @@ def reconcile(runtime: DockerRuntime | None = None) -> dict[str, int]:
         if not services.held_by(job_id):
             counts["workers_sent"] += services.dispatch(job_id)
     return counts
+
+
+def _send_lost_estimates() -> int:
+    """Jobs left checked (their step to the probe never taken), or estimating with no probe running whose task
+    never reached the broker or has not been heard of for long: their estimate is sent (again). A task sent
+    twice probes once (``services.estimate`` takes the job's lock and looks)."""
+    now = timezone.now()
+    checked = RenderJob.objects.filter(state=RenderJob.State.VALIDATED, created_at__lt=now - GRACE)
+    silent = Q(estimate_sent_at__isnull=True) | Q(estimate_sent_at__lt=now - ESTIMATE_SILENCE)
+    estimating = RenderJob.objects.filter(silent, state=RenderJob.State.ESTIMATING)
+    sent = 0
+    for job_id in [*checked.values_list("pk", flat=True), *estimating.values_list("pk", flat=True)]:
+        if services.held_by(job_id):
+            continue  # its probe runs
+        try:
+            services.resume_estimate(job_id)
+        except Exception as error:  # one job's send must not stop the rest
+            log.error("render job %s: could not send its estimate: %s", job_id, error)
+            continue
+        sent += 1
+    return sent
 
 
 def _release_leftover_slices(runtime: DockerRuntime) -> int:

@@ -11,10 +11,10 @@ as Docker recorded them: what the billing meter charges. Tasks call these; these
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
-import shutil
 from dataclasses import asdict, dataclass
 from datetime import datetime
 
@@ -36,7 +36,7 @@ from sessions.gpus.allocator import (
 from sessions.gpus.holders import Holder
 from sessions.gpus.models import Slice
 from sessions.notebooks import pricing
-from sessions.render import containers, jobs, progress
+from sessions.render import containers, files, jobs, progress
 from sessions.render.models import RenderChunk, RenderFrame, RenderJob
 from sessions.runtime import blender
 from sessions.runtime.blender import RenderSettings
@@ -91,7 +91,9 @@ def locked(job_id: int) -> RenderJob:
 
 
 def _send(task: str, *args: int) -> None:
-    transaction.on_commit(lambda: celery_app.send_task(task, args=list(args)))
+    """Send a task once the step commits. A broker that does not answer is logged and never undoes the step
+    (nor turns the request into an error page); reconciliation sends what was lost again."""
+    transaction.on_commit(lambda: celery_app.send_task(task, args=list(args)), robust=True)
 
 
 def render_settings(job: RenderJob, taken: Slice) -> RenderSettings:
@@ -111,17 +113,37 @@ def scene_of(job: RenderJob) -> Scene:
 
 
 def request_estimate(job_id: int) -> RenderJob:
-    """A checked job (or one awaiting confirmation, asked again) goes to the probe."""
+    """A checked job (or one awaiting confirmation, asked again) goes to the probe, whose task is sent once
+    this commits; a job already estimating is left as it is (reconciliation took the step meanwhile)."""
     with transaction.atomic():
         job = locked(job_id)
-        job.save(update_fields=job.move(State.ESTIMATING))
-        _send(ESTIMATE_JOB, job_id)
+        if job.state == State.ESTIMATING:
+            return job
+        job.estimate_sent_at = None
+        job.save(update_fields=[*job.move(State.ESTIMATING), "estimate_sent_at"])
+        transaction.on_commit(lambda: send_estimate(job_id), robust=True)
         progress.announce(job)
     return job
 
 
 def send_estimate(job_id: int) -> None:
+    """Hand the probe's task to the broker, and note when. A send never noted was lost (the broker did not
+    answer): reconciliation sends it again."""
     celery_app.send_task(ESTIMATE_JOB, args=[job_id])
+    _probe_heard_of(job_id)
+
+
+def resume_estimate(job_id: int) -> None:
+    """Reconciliation's part: a job left checked goes to its probe (its task sent once that commits); one
+    left estimating has its task sent again."""
+    if RenderJob.objects.filter(pk=job_id, state=State.VALIDATED).exists():
+        request_estimate(job_id)
+    else:
+        send_estimate(job_id)
+
+
+def _probe_heard_of(job_id: int) -> None:
+    RenderJob.objects.filter(pk=job_id).update(estimate_sent_at=timezone.now())
 
 
 def probe_request(job: RenderJob) -> SliceRequest:
@@ -135,10 +157,10 @@ def probe_request(job: RenderJob) -> SliceRequest:
 
 
 def _probe_slice(job: RenderJob) -> Slice | None:
-    """A slice for the probe; None if the job holds one already (another probe of it runs)."""
+    """A slice for the probe; None if the job was cancelled meanwhile or holds one already (another probe of
+    it runs: a task sent twice probes once)."""
     with transaction.atomic():
-        locked(job.pk)
-        if held_by(job.pk):
+        if locked(job.pk).state != State.ESTIMATING or held_by(job.pk):
             return None
         return _allocate_for_probe(job)
 
@@ -160,18 +182,27 @@ def estimate(job_id: int) -> RenderJob:
     job = RenderJob.objects.select_related("owner").get(pk=job_id)
     if job.state != State.ESTIMATING:
         return job
+    _probe_heard_of(job_id)  # it runs (or waits for a slice): reconciliation leaves it be
     taken = _probe_slice(job)
     if taken is None:
         return job
-    output = job.folder_path() / PROBE
-    output.mkdir(exist_ok=True)
-    watched = containers.Watched(on_started=lambda at: holding_started(taken.pk, at))
-    found: Probe | Exception
+    watched = containers.Watched()
+    watched.on_started = lambda at: _probe_started(job_id, taken.pk, watched, at)
+    found: Probe | Exception = Refused("The probe stopped unexpectedly.")
     try:
-        spec = spec_for(taken, RENDER_IMAGE, labels=containers.labels(job.pk))
-        found = probe(
+        found = _probe(job, taken, watched)
+    finally:  # whatever happened, the slice is released and the job told
+        job = _estimated(job_id, found, taken.pk, watched)
+    return job
+
+
+def _probe(job: RenderJob, taken: Slice, watched: containers.Watched) -> Probe | Exception:
+    output = job.folder_path() / PROBE
+    try:
+        output.mkdir(exist_ok=True)  # never its parents: a job cancelled meanwhile has no folder left
+        return probe(
             watched,
-            spec,
+            spec_for(taken, RENDER_IMAGE, labels=containers.labels(job.pk)),
             scene_of(job),
             output,
             render_settings(job, taken),
@@ -180,11 +211,18 @@ def estimate(job_id: int) -> RenderJob:
             output_limit=settings.RENDER_MAX_OUTPUT_BYTES,
         )
     except (SceneUnreadable, RuntimeError_, FileNotFoundError, ValueError) as error:
-        found = error
+        return error
     finally:
-        end_holding(taken.pk, watched.started_at, watched.finished_at, "render probe done")
-        shutil.rmtree(output, ignore_errors=True)
-    return _estimated(job_id, found)
+        with contextlib.suppress(OSError):
+            files.remove_entry(output)
+
+
+def _probe_started(job_id: int, slice_id: int, watched: containers.Watched, at: datetime | None) -> None:
+    """The probe's container started: its slice is held from then. If the job was cancelled meanwhile, the
+    container is stopped here: the cancel may have looked for the job's containers before this one existed."""
+    holding_started(slice_id, at)
+    if watched.container_id and not RenderJob.objects.filter(pk=job_id, state=State.ESTIMATING).exists():
+        watched.kill(watched.container_id)
 
 
 def no_slice_for_probe(job_id: int, reason: str) -> RenderJob:
@@ -192,9 +230,15 @@ def no_slice_for_probe(job_id: int, reason: str) -> RenderJob:
     return _estimated(job_id, Refused(f"No slice was free for the estimate: {reason}"))
 
 
-def _estimated(job_id: int, found: Probe | Exception) -> RenderJob:
+def _estimated(
+    job_id: int, found: Probe | Exception, slice_id: int | None = None, watched: containers.Watched | None = None
+) -> RenderJob:
+    """The probe ended: its slice's holding ends (at its container's end) in the same step as the job moves
+    on, so a second task of the job, waiting for the row's lock, finds it estimated and probes nothing."""
     with transaction.atomic():
         job = locked(job_id)
+        if slice_id is not None and watched is not None:
+            end_holding(slice_id, watched.started_at, watched.finished_at, "render probe done")
         if job.state != State.ESTIMATING:  # cancelled meanwhile
             return job
         if isinstance(found, Exception):
@@ -368,16 +412,30 @@ def _stop_and_release(job_id: int, reason: str) -> None:
 
 
 def cancel(job_id: int) -> RenderJob:
-    """Cancel a job: before it is queued its files go (``jobs.cancel_before_queue``); after, its containers
-    stop and its slices are released at once, so charges end there. Its finished frames stay."""
-    if RenderJob.objects.get(pk=job_id).state in RenderJob.BEFORE_QUEUE:
-        return jobs.cancel_before_queue(job_id)
+    """Cancel a job. Before it is queued its files go: at once when nothing of it runs
+    (``jobs.cancel_before_queue``), else once its probe's container is stopped and its slice released, the
+    probe's minutes charged to the container's end. After, its containers stop and its slices are released
+    at once, so charges end there; its finished frames stay."""
+    if RenderJob.objects.get(pk=job_id).state in RenderJob.BEFORE_QUEUE and not held_by(job_id):
+        with contextlib.suppress(RenderJob.BadStep):  # it moved on meanwhile (to its probe): cancelled below
+            return jobs.cancel_before_queue(job_id)
     with transaction.atomic():
         job = locked(job_id)
         if job.ended:
             raise RenderJob.BadStep(f"This job is already {job.get_state_display().lower()}.")
+        queued = job.state in RUNNING
         job.save(update_fields=job.move(State.CANCELLED))
-        job.chunks.filter(state=ChunkState.RENDERING).update(state=ChunkState.CANCELLED, finished_at=timezone.now())
-        stop_job(job)
+        if queued:
+            job.chunks.filter(state=ChunkState.RENDERING).update(state=ChunkState.CANCELLED, finished_at=timezone.now())
+            stop_job(job)
+        else:
+            transaction.on_commit(lambda: _stop_probe(job_id), robust=True)
         progress.announce(job)
     return job
+
+
+def _stop_probe(job_id: int) -> None:
+    """A job cancelled while its probe may run: the probe's container stops, its slice is released (charged to
+    the container's end), then the job's files go."""
+    _stop_and_release(job_id, "render job cancelled before it was queued")
+    jobs.remove_files(RenderJob.objects.get(pk=job_id))

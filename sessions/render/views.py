@@ -201,7 +201,7 @@ def confirm(request: PortalRequest, job_id: int) -> HttpResponse:
 def cancel(request: PortalRequest, job_id: int) -> HttpResponse:
     """Its owner, or an operator, cancels a job in any state before it ends; anyone else gets a 404."""
     job = access.render_job_for(request.user, job_id, access.Action.STOP)
-    before_queue = job.state in RenderJob.BEFORE_QUEUE
+    before_queue = job.state in (*RenderJob.BEFORE_QUEUE, RenderJob.State.ESTIMATING)  # its files go
     try:
         services.cancel(job.pk)
     except RenderJob.BadStep as refused:

@@ -57,6 +57,8 @@ SLOW_SCENE = (
     .replace("64, 48, 100", "320, 240, 100")
     .replace("small.blend", "slow.blend")
 )
+# A large frame: even the probe's 4 samples take half a minute, long enough to cancel the job while it runs.
+BIG_SCENE = SMALL_SCENE.replace("64, 48, 100", "4000, 3000, 100").replace("small.blend", "big.blend")
 # No camera: Blender reads the file, then refuses to render any frame of it.
 NO_CAMERA_SCENE = SMALL_SCENE.replace(
     'cube = bpy.data.objects["Cube"]',
@@ -146,7 +148,7 @@ def once(key: str, make: Callable[[], contextlib.AbstractContextManager[Any]]) -
 @contextlib.contextmanager
 def scene_folder() -> Iterator[Path]:
     with own_folder("render-scenes") as folder:
-        for script in (SMALL_SCENE, SLOW_SCENE, NO_CAMERA_SCENE, HOSTILE_SCENE):
+        for script in (SMALL_SCENE, SLOW_SCENE, NO_CAMERA_SCENE, HOSTILE_SCENE, BIG_SCENE):
             blender_in_image(folder, script)
         (folder / "unreadable.blend").write_bytes(b"BLENDER-v304" + secrets.token_bytes(4096))
         yield folder
@@ -284,9 +286,11 @@ def settings_queue() -> str:
 
 
 @contextlib.contextmanager
-def daphne_on(render_root: Path) -> Iterator[str]:
+def daphne_on(render_root: Path, **extra: str) -> Iterator[str]:
+    """The portal under daphne with this render folder; ``extra`` adds to its environment."""
     port = processes.free_port()
-    process = processes.start_daphne(port, ARTIFACTS / "logs" / "daphne-render.log", PORTAL_RENDER_DIR=str(render_root))
+    log = ARTIFACTS / "logs" / "daphne-render.log"
+    process = processes.start_daphne(port, log, PORTAL_RENDER_DIR=str(render_root), **extra)
     try:
         yield f"http://127.0.0.1:{port}"
     finally:
