@@ -73,6 +73,8 @@ app.conf.beat_schedule = {
     },
     "prune-gpu-history": {"task": "sessions.metrics.tasks.prune_gpu_history", "schedule": 3600.0},
     "render-orphan-uploads": {"task": "sessions.render.tasks.remove_orphan_uploads", "schedule": 3600.0},
+    # Ended render jobs' files, PORTAL_RENDER_RETENTION_DAYS after they ended (their records stay).
+    "render-retention": {"task": "sessions.render.tasks.remove_expired_render_files", "schedule": 3600.0},
     # Frees what a crashed render left (slices, containers) and puts chunks whose container is gone back.
     "reconcile-render-jobs": {
         "task": "sessions.render.tasks.reconcile_render_jobs",

@@ -439,6 +439,9 @@ RENDER_MAX_UPLOAD_BYTES = env.integer("PORTAL_RENDER_MAX_UPLOAD_BYTES", 2 * 1024
 RENDER_MAX_UNPACKED_BYTES = env.integer("PORTAL_RENDER_MAX_UNPACKED_BYTES", 8 * 1024**3, minimum=1024)
 RENDER_MAX_ZIP_ENTRIES = env.integer("PORTAL_RENDER_MAX_ZIP_ENTRIES", 5000, minimum=1)
 RENDER_MAX_FRAMES = env.integer("PORTAL_RENDER_MAX_FRAMES", 10000, minimum=1)
+# Days an ended job keeps its files (scene, frames, thumbnails); an hourly task then removes them, keeping
+# the job's record and every charge.
+RENDER_RETENTION_DAYS = env.integer("PORTAL_RENDER_RETENTION_DAYS", 30, minimum=1)
 
 LOG_LEVELS = ["DEBUG", "INFO", "WARNING", "ERROR"]
 LOG_LEVEL = env.choice(

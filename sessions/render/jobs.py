@@ -17,7 +17,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from sessions.gpus.allocator import SliceRequest
-from sessions.render import scenefile
+from sessions.render import files, scenefile
 from sessions.render.models import RenderJob
 from sessions.render.scenefile import SceneRefused, ZipLimits
 from sessions.render.uploads import Upload, remove_folder
@@ -141,9 +141,14 @@ def cancel_before_queue(job_id: int) -> RenderJob:
     return job
 
 
-def remove_files(job: RenderJob) -> None:
-    """Remove the job's folder, and its owner's folder once it holds nothing else."""
-    remove_folder(job.folder_path())
+def remove_files(job: RenderJob) -> bool:
+    """Remove the job's folder (its owner's too once it holds nothing else) and note when; False, noted
+    nowhere, if the folder could not be removed (one reached through a link is left alone)."""
+    if not files.remove_job_folder(Path(settings.RENDER_DIR), job.folder_path()):
+        return False
+    job.files_removed_at = timezone.now()
+    job.save(update_fields=["files_removed_at"])
+    return True
 
 
 def remove_orphan_folders(untouched_for: timedelta = timedelta(hours=6)) -> int:

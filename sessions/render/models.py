@@ -92,6 +92,12 @@ class RenderJob(models.Model):
         help_text="When the probe's task last went to the broker or last ran; empty: never sent (the broker did "
         "not answer), so reconciliation sends it.",
     )
+    files_removed_at = models.DateTimeField(
+        null=True,
+        blank=True,
+        help_text="When its files (scene, frames, thumbnails, estimate) were removed: at a cancel before it was "
+        "queued, or PORTAL_RENDER_RETENTION_DAYS after it ended. This row, its chunks, frames and charges stay.",
+    )
 
     class Meta:
         ordering = ["-created_at"]
@@ -156,6 +162,13 @@ class RenderJob(models.Model):
             changed += ["finished_at", "failure_message"]
         self.state = to
         return changed
+
+    @property
+    def files_kept_days(self) -> int | None:
+        """Whole days its files were kept after it ended; None while they are there (or if it never ended)."""
+        if self.files_removed_at is None or self.finished_at is None:
+            return None
+        return (self.files_removed_at - self.finished_at).days
 
     @property
     def badge(self) -> tuple[str, str]:

@@ -156,7 +156,7 @@ def snapshot(job: RenderJob) -> dict[str, Any]:
         "seconds_per_frame": per_frame,
         "eta_seconds": eta,
         "cost": shown(cost_so_far(job)),
-        "thumbnail": thumbnail_url(job.pk, latest.number) if latest else "",
+        "thumbnail": thumbnail_url(job.pk, latest.number) if latest and job.files_removed_at is None else "",
         "latest_frame": latest.number if latest else None,
         "failure": job.failure_message,
         "log_tail": log_tail(job),

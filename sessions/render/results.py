@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import IO, cast
 
 from django.http import Http404
+from django.utils import timezone
 
 from sessions.render.models import RenderFrame, RenderJob
 
@@ -18,6 +19,9 @@ BLOCK = 1 << 16
 
 
 def done_frames(job: RenderJob) -> list[RenderFrame]:
+    """Its finished frames whose files are there: none once its files were removed."""
+    if job.files_removed_at is not None:
+        return []
     return list(job.frame_results.filter(state=RenderFrame.State.DONE).exclude(output_path="").order_by("number"))
 
 
@@ -35,6 +39,18 @@ def inside_job(job: RenderJob, relative: str) -> Path:
     if path == folder or not path.is_relative_to(folder) or not path.is_file():
         raise Http404("That file is not there.")
     return path
+
+
+def removed_words(job: RenderJob) -> str:
+    """What the frame, thumbnail and ZIP addresses of a job whose files were removed answer (410)."""
+    assert job.files_removed_at is not None
+    kept = job.files_kept_days
+    when = f"{timezone.localtime(job.files_removed_at):%Y-%m-%d}"
+    after = f", kept {kept} day{'s' if kept != 1 else ''} after it ended" if kept else ""
+    return (
+        f"The files of render job {job.pk} were removed on {when}{after}: its frames, thumbnails and scene are "
+        "gone. The job's record and its charges are kept."
+    )
 
 
 def download_name(job: RenderJob, frame: RenderFrame) -> str:

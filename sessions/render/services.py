@@ -336,6 +336,8 @@ def requeue_failed(job_id: int) -> RenderJob:
             raise Refused(f"Only a failed job's frames can be queued again; this one is {job.get_state_display()}.")
         if not job.frame_results.exists():
             raise Refused("This job failed before it rendered anything; upload the scene again.")
+        if job.files_removed_at is not None:
+            raise Refused(f"This job's files were removed on {job.files_removed_at:%Y-%m-%d}; upload the scene again.")
         missing = list(job.frame_results.exclude(state=FrameState.DONE).values_list("number", flat=True))
         if not missing:
             raise Refused("Every frame of this job is done.")

@@ -10,7 +10,7 @@ from __future__ import annotations
 from celery import shared_task
 from celery.app.task import Task
 
-from sessions.render import chunks, recovery, services
+from sessions.render import chunks, recovery, retention, services
 from sessions.render.jobs import remove_orphan_folders
 
 PROBE_RETRY_S = 30
@@ -21,6 +21,12 @@ PROBE_RETRIES = 40  # twenty minutes of waiting for a slice, then the job fails 
 def remove_orphan_uploads() -> int:
     """Hourly: remove what uploads cut off by a crash left on disk (folders no job owns, long untouched)."""
     return remove_orphan_folders()
+
+
+@shared_task
+def remove_expired_render_files() -> int:
+    """Hourly: ended jobs' files go PORTAL_RENDER_RETENTION_DAYS after they ended; records and charges stay."""
+    return retention.remove_expired_files()
 
 
 @shared_task(bind=True, max_retries=PROBE_RETRIES)

@@ -8,10 +8,14 @@ whatever the handler stored is removed again unless a job was recorded for it.
 
 from __future__ import annotations
 
+from datetime import timedelta
+
+from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.contrib.auth.models import User
-from django.http import FileResponse, HttpResponse, StreamingHttpResponse
+from django.http import FileResponse, HttpResponse, HttpResponseGone, StreamingHttpResponse
+from django.http.response import HttpResponseBase
 from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.views.decorators.cache import cache_control
@@ -154,7 +158,8 @@ def _detail(
         "frames": results.done_frames(job),
         "failed_chunks": list(job.chunks.filter(state=RenderChunk.State.FAILED).exclude(log_excerpt="")[:3]),
         "cancellable": not job.ended,
-        "may_requeue": access.may(request.user, access.Action.REQUEUE, job),
+        "may_requeue": access.may(request.user, access.Action.REQUEUE, job) and job.files_removed_at is None,
+        "files_until": _files_until(job),
     }
     if job.state == RenderJob.State.UPLOADED and mine:
         context["main_form"] = form or MainFileForm(job=job)
@@ -163,6 +168,13 @@ def _detail(
             return HttpResponseClientRefresh()
         return render(request, f"{DETAIL}#render-estimate", context, status=status)
     return render(request, DETAIL, context, status=status)
+
+
+def _files_until(job: RenderJob) -> object:
+    """When an ended job's files go (retention); None while it runs or once they went."""
+    if not job.ended or job.finished_at is None or job.files_removed_at is not None:
+        return None
+    return job.finished_at + timedelta(days=settings.RENDER_RETENTION_DAYS)
 
 
 @login_required
@@ -229,14 +241,23 @@ def requeue_failed(request: PortalRequest, job_id: int) -> HttpResponse:
     return redirect("render-job-detail", job.pk)
 
 
-# Results: each looks the frame up by job and number; the file is the one its row names.
+# Results: each looks the frame up by job and number; the file is the one its row names. Once the job's
+# files were removed (retention), each answers 410 and says when: the job's page shows its record still.
+
+
+def _gone(job: RenderJob) -> HttpResponse | None:
+    if job.files_removed_at is None:
+        return None
+    return HttpResponseGone(results.removed_words(job), content_type="text/plain; charset=utf-8")
 
 
 @login_required
 @require_GET
 @cache_control(private=True)  # someone's own frames: no shared cache keeps them
-def frame_thumbnail(request: PortalRequest, job_id: int, number: int) -> FileResponse:
+def frame_thumbnail(request: PortalRequest, job_id: int, number: int) -> HttpResponseBase:
     job = access.render_job_for(request.user, job_id)
+    if gone := _gone(job):
+        return gone
     path = results.inside_job(job, results.frame_of(job, number).thumbnail_path)
     return FileResponse(path.open("rb"), content_type="image/jpeg")
 
@@ -244,8 +265,10 @@ def frame_thumbnail(request: PortalRequest, job_id: int, number: int) -> FileRes
 @login_required
 @require_GET
 @cache_control(private=True)  # someone's own frames: no shared cache keeps them
-def frame_download(request: PortalRequest, job_id: int, number: int) -> FileResponse:
+def frame_download(request: PortalRequest, job_id: int, number: int) -> HttpResponseBase:
     job = access.render_job_for(request.user, job_id)
+    if gone := _gone(job):
+        return gone
     frame = results.frame_of(job, number)
     path = results.inside_job(job, frame.output_path)
     return FileResponse(path.open("rb"), as_attachment=True, filename=results.download_name(job, frame))
@@ -254,8 +277,10 @@ def frame_download(request: PortalRequest, job_id: int, number: int) -> FileResp
 @login_required
 @require_GET
 @cache_control(private=True)  # someone's own frames: no shared cache keeps them
-def frames_zip(request: PortalRequest, job_id: int) -> StreamingHttpResponse:
+def frames_zip(request: PortalRequest, job_id: int) -> HttpResponseBase:
     job = access.render_job_for(request.user, job_id)
+    if gone := _gone(job):
+        return gone
     response = StreamingHttpResponse(results.zip_stream(job, results.done_frames(job)), content_type="application/zip")
     response["Content-Disposition"] = f'attachment; filename="{results.archive_name(job)}"'
     return response
