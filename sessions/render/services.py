@@ -188,10 +188,10 @@ def estimate(job_id: int) -> RenderJob:
         return job
     watched = containers.Watched()
     watched.on_started = lambda at: _probe_started(job_id, taken.pk, watched, at)
-    found: Probe | Exception = Refused("The probe stopped unexpectedly.")
+    found: Probe | Exception | None = None
     try:
         found = _probe(job, taken, watched)
-    finally:  # whatever happened, the slice is released and the job told
+    finally:  # whatever happened, the slice is released; cut off (None), the job waits to be sent again
         job = _estimated(job_id, found, taken.pk, watched)
     return job
 
@@ -231,15 +231,17 @@ def no_slice_for_probe(job_id: int, reason: str) -> RenderJob:
 
 
 def _estimated(
-    job_id: int, found: Probe | Exception, slice_id: int | None = None, watched: containers.Watched | None = None
+    job_id: int, found: Probe | Exception | None, slice_id: int | None = None, watched: containers.Watched | None = None
 ) -> RenderJob:
     """The probe ended: its slice's holding ends (at its container's end) in the same step as the job moves
-    on, so a second task of the job, waiting for the row's lock, finds it estimated and probes nothing."""
+    on, so a second task of the job, waiting for the row's lock, finds it estimated and probes nothing.
+    None: the probe was cut off (its worker stopping); the job stays estimating, and the worker's restart or
+    reconciliation sends its task again."""
     with transaction.atomic():
         job = locked(job_id)
         if slice_id is not None and watched is not None:
             end_holding(slice_id, watched.started_at, watched.finished_at, "render probe done")
-        if job.state != State.ESTIMATING:  # cancelled meanwhile
+        if job.state != State.ESTIMATING or found is None:  # cancelled meanwhile, or cut off
             return job
         if isinstance(found, Exception):
             job.save(update_fields=job.move(State.FAILED, _probe_failure(found)))
