@@ -12,6 +12,7 @@ from datetime import timedelta
 from decimal import Decimal
 
 from django.contrib.auth.models import User
+from django.db.models import Min
 
 from billing import credit, ledger, money, prices
 from billing.models import Market
@@ -23,20 +24,44 @@ from sessions.notebooks.pricing import OfferPrice, WalletLine
 
 def per_minute(request: SliceRequest, market: str) -> Decimal | None:
     """What a started minute of this offer costs now (a time-sliced share: 1/N of the GPU's price)."""
-    model = catalog.resolve(request.model)
+    return per_minutes([request], [market])[request, market]
+
+
+def per_minutes(
+    requests: Sequence[SliceRequest], markets: Sequence[str]
+) -> dict[tuple[SliceRequest, str], Decimal | None]:
+    """``per_minute`` of every offer on every market, in at most three queries whatever their number: the
+    database's clock, the prices in force then, and the share limits of the time-sliced models asked for."""
+    if not requests:
+        return {}
+    now = prices.database_now()
+    wanted = [(request, market) for request in requests for market in markets]
+    found = prices.in_force_at([(_key(request, market), now) for request, market in wanted])
+    shares = _shares([catalog.resolve(request.model) for request in requests if request.kind == Slice.Kind.SHARED])
+    return {
+        (request, market): None
+        if price is None
+        else money.per_minute(price.per_hour, shares.get(catalog.resolve(request.model), 1))
+        for (request, market), price in zip(wanted, found, strict=True)
+    }
+
+
+def _key(request: SliceRequest, market: str) -> prices.PriceKey:
     profile = request.profile if request.kind == Slice.Kind.MIG else ""
-    price = prices.in_force(prices.PriceKey(model, request.kind, profile, market), prices.database_now())
-    if price is None:
-        return None
-    return money.per_minute(price.per_hour, _shares(request, model))
+    return prices.PriceKey(catalog.resolve(request.model), request.kind, profile, market)
 
 
-def _shares(request: SliceRequest, model: str) -> int:
-    if request.kind != Slice.Kind.SHARED:
-        return 1
-    # The fewest shares of a GPU of that model: the dearest a share can be, never a lower figure than charged.
-    limits = Gpu.objects.filter(model_name=model, sharing=Gpu.Sharing.SHARED).values_list("share_limit", flat=True)
-    return max(min(limits, default=1), 1)
+def _shares(models: Sequence[str]) -> dict[str, int]:
+    """The fewest shares of a time-sliced GPU of each model: the dearest a share can be, never a lower figure
+    than charged (a model with no such GPU: 1)."""
+    if not models:
+        return {}
+    limits = (
+        Gpu.objects.filter(model_name__in=set(models), sharing=Gpu.Sharing.SHARED)
+        .values("model_name")
+        .annotate(fewest=Min("share_limit"))
+    )
+    return {row["model_name"]: max(row["fewest"], 1) for row in limits}
 
 
 def lasts(balance: Decimal, rate: Decimal | None) -> str:
@@ -57,10 +82,12 @@ def duration(span: timedelta) -> str:
 
 class BillingPricing:
     def prices(self, owner: User, requests: Sequence[SliceRequest]) -> dict[SliceRequest, OfferPrice]:
-        balance = ledger.balance(owner)
+        """Every offer's prices in a fixed number of queries, however many offers the fleet has."""
+        rates = per_minutes(requests, [Market.ON_DEMAND, Market.SPOT])
+        balance = ledger.balance(owner) if requests else Decimal(0)
         priced = {}
         for request in requests:
-            on_demand, spot = per_minute(request, Market.ON_DEMAND), per_minute(request, Market.SPOT)
+            on_demand, spot = rates[request, Market.ON_DEMAND], rates[request, Market.SPOT]
             if on_demand is None and spot is None:
                 continue
             priced[request] = OfferPrice(

@@ -13,19 +13,30 @@ from django.test import Client
 from django.urls import reverse
 
 from billing import ledger, meter, money
+from billing.launch import BillingPricing
 from billing.prices import database_now
 from sessions.gpus.allocator import holding_started
 from sessions.notebooks.models import NotebookImage, NotebookSession
+from sessions.notebooks.offers import offers
 from tests.billing.conftest import A100
 from tests.factories import running_session
+from tests.gpus.conftest import use_fleet
 
 pytestmark = pytest.mark.django_db
 SIZES = [2, 8]
 # Measured, the same at both sizes; a query per session would put the larger size over.
 SESSION_CARDS_QUERIES = 10  # the cards alone, as they poll
-SESSION_PAGE_QUERIES = 54  # with the launch form's offers and prices (per offer, not per session)
+SESSION_PAGE_QUERIES = 19  # with the launch form: its offers (per GPU) and their prices (4, whatever the offers)
 BILLING_PAGE_QUERIES = 22
 DASHBOARD_QUERIES = 13
+# The launch form's prices: the database's clock, the prices in force then, the time-sliced models' share
+# limits, the balance. The same for the 2 offers of a small fleet as for the 40-odd of every model.
+LAUNCH_PRICE_QUERIES = 4
+SMALL_FLEET = "two: 1xA100-80GB:whole, 1xA30:shared=3"
+EVERY_MODEL = (
+    "all: 1xH200:mig, 1xH100:mig, 1xA100-80GB:mig, 1xA100-40GB:mig, 1xA30:mig, 1xL4:whole, 1xL40S:shared=4,"
+    " 1xT4:shared=2"
+)
 
 
 @pytest.fixture
@@ -91,3 +102,26 @@ def test_the_dashboard_takes_the_same_queries_for_any_number_of_running_usages(
     with django_assert_max_num_queries(DASHBOARD_QUERIES):
         page = alice_client.get(reverse("dashboard")).content.decode()
     assert f"burning {money.shown(count * money.per_minute(Decimal('8.5')) * 60)}/h" in page
+
+
+@pytest.mark.parametrize(("spec", "at_least"), [(SMALL_FLEET, 2), (EVERY_MODEL, 30)])
+def test_the_launch_forms_prices_take_the_same_queries_for_2_offers_and_for_many(
+    db: None,
+    settings,  # type: ignore[no-untyped-def]
+    alice: User,
+    staff: User,
+    spec: str,
+    at_least: int,
+    django_assert_num_queries,  # type: ignore[no-untyped-def]
+) -> None:
+    use_fleet(settings, spec)
+    ledger.grant_credit(alice, "17.10", by=staff, reason="course")
+    requests = [offer.request for offer in offers()]
+    assert len(requests) >= at_least
+    with django_assert_num_queries(LAUNCH_PRICE_QUERIES):
+        priced = BillingPricing().prices(alice, requests)
+    assert set(priced) == set(requests)  # every offer priced, on both markets
+    assert all(price.per_hour.endswith("CNY") and price.spot_per_hour for price in priced.values())
+    share = next(request for request in requests if request.kind == "shared")
+    whole = BillingPricing().per_minute(share, "on_demand")
+    assert whole is not None and priced[share].per_hour == money.shown(whole * 60)  # 1/N of the GPU
