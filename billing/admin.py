@@ -1,6 +1,7 @@
 """Billing in the Django admin: prices are added (never edited) through the same checks as the staff
 page; usages, minutes, daily roll-ups, the ledger, budgets and their alerts, invoices and credit notes
-are read-only records, and so are group invoices; staff mark which groups are billed here too."""
+are read-only records, and so are group invoices and the record of who billed which group; staff mark
+which groups are billed here too."""
 
 from __future__ import annotations
 
@@ -8,14 +9,15 @@ from typing import Any
 
 from django import forms
 from django.contrib import admin
+from django.contrib.auth.models import User
 from django.core.exceptions import ValidationError
 from django.http import HttpRequest
-from django.utils import timezone
 
-from billing import prices
+from billing import group_invoices, prices
 from billing.models import (
     Account,
     BilledGroup,
+    BilledGroupChange,
     BilledTotal,
     Budget,
     BudgetAlert,
@@ -185,17 +187,30 @@ class CreditNoteAdmin(ReadOnly):
 
 @admin.register(BilledGroup)
 class BilledGroupAdmin(admin.ModelAdmin[BilledGroup]):
-    """Which groups are billed and to whom (also on the portal's Billed groups page); who marked it is recorded."""
+    """Which groups are billed and to whom (also on the portal's Billed groups page). Marking and changing go
+    through the service, which records who and when; stopping needs a reason, so it is done on that page."""
 
     list_display = ["group", "billing_name", "billing_email", "marked_by", "marked_at"]
     fields = ["group", "billing_name", "billing_email", "marked_by", "marked_at"]
     readonly_fields = ["marked_by", "marked_at"]
 
+    def get_readonly_fields(self, request: HttpRequest, obj: BilledGroup | None = None) -> list[str]:
+        return [*self.readonly_fields, "group"] if obj is not None else list(self.readonly_fields)
+
+    def has_delete_permission(self, request: HttpRequest, obj: BilledGroup | None = None) -> bool:
+        return False
+
     def save_model(self, request: HttpRequest, obj: BilledGroup, form: Any, change: bool) -> None:
         user = request.user
-        assert user.is_authenticated
-        obj.marked_by, obj.marked_at = user, timezone.now()
-        super().save_model(request, obj, form, change)
+        assert isinstance(user, User)
+        saved = group_invoices.mark(obj.group, obj.billing_name, obj.billing_email, by=user)
+        obj.pk, obj.marked_by, obj.marked_at = saved.pk, saved.marked_by, saved.marked_at
+
+
+@admin.register(BilledGroupChange)
+class BilledGroupChangeAdmin(ReadOnly):
+    list_display = ["at", "group", "action", "billing_name", "by", "reason"]
+    list_filter = ["action"]
 
 
 @admin.register(GroupInvoice)

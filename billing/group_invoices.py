@@ -26,7 +26,15 @@ from django.http import Http404, HttpResponse
 from django.utils import timezone
 
 from billing import invoices, money
-from billing.models import BilledGroup, CreditNote, GroupInvoice, GroupInvoiceMember, Invoice, InvoiceLine
+from billing.models import (
+    BilledGroup,
+    BilledGroupChange,
+    CreditNote,
+    GroupInvoice,
+    GroupInvoiceMember,
+    Invoice,
+    InvoiceLine,
+)
 from portal.roles import is_operator
 
 PERMISSION = "billing.view_own_group_invoices"
@@ -37,28 +45,50 @@ ISSUE_ATTEMPTS = 3
 
 
 def mark(group: Group, billing_name: str, billing_email: str, by: User) -> BilledGroup:
-    """Staff bill a group (or change whom its invoices are addressed to)."""
+    """Staff bill a group (or change whom its invoices are addressed to); who did it, and when, is recorded."""
     if not is_operator(by):
         raise PermissionDenied("Only staff decide which groups are billed.")
     if not billing_name.strip():
         raise ValidationError("Say whom the group's invoices are addressed to.", code="no_billing_name")
-    billed, _ = BilledGroup.objects.update_or_create(
-        group=group,
-        defaults={
-            "billing_name": billing_name.strip(),
-            "billing_email": billing_email.strip(),
-            "marked_by": by,
-            "marked_at": timezone.now(),
-        },
-    )
+    with transaction.atomic():
+        billed, created = BilledGroup.objects.update_or_create(
+            group=group,
+            defaults={
+                "billing_name": billing_name.strip(),
+                "billing_email": billing_email.strip(),
+                "marked_by": by,
+                "marked_at": timezone.now(),
+            },
+        )
+        action = BilledGroupChange.Action.MARKED if created else BilledGroupChange.Action.CHANGED
+        _record(billed, action, by, reason="")
     return billed
 
 
-def unmark(group: Group, by: User) -> None:
-    """Staff stop billing a group; the invoices it was issued stay as they are."""
+def unmark(group: Group, by: User, reason: str) -> None:
+    """Staff stop billing a group, saying why; the invoices it was issued stay as they are, and who stopped
+    it, when and why is recorded. A group not billed is left as it is."""
     if not is_operator(by):
         raise PermissionDenied("Only staff decide which groups are billed.")
-    BilledGroup.objects.filter(group=group).delete()
+    if not reason.strip():
+        raise ValidationError("Say why the group is no longer billed.", code="no_reason")
+    with transaction.atomic():
+        billed = BilledGroup.objects.select_for_update().filter(group=group).first()
+        if billed is None:
+            raise ValidationError(f"Group {group.name} is not billed.", code="not_billed")
+        _record(billed, BilledGroupChange.Action.STOPPED, by, reason)
+        billed.delete()
+
+
+def _record(billed: BilledGroup, action: str, by: User, reason: str) -> None:
+    BilledGroupChange.objects.create(
+        group=billed.group,
+        action=action,
+        billing_name=billed.billing_name,
+        billing_email=billed.billing_email,
+        reason=reason.strip()[:300],
+        by=by,
+    )
 
 
 # Issuing

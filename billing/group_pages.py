@@ -16,7 +16,7 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_GET, require_POST
 
 from billing import group_invoices, money
-from billing.models import BilledGroup, GroupInvoice
+from billing.models import BilledGroup, BilledGroupChange, GroupInvoice
 from portal.access import staff_required
 from portal.http import PortalRequest
 from portal.roles import is_operator
@@ -25,6 +25,7 @@ PAGE = "billing/group_invoice.html"
 GROUPS = "billing/billed_groups.html"
 LIST = "billing/group_invoice_list.html"
 TOTALS = ("total", "credit_applied", "balance_due")
+CHANGES_LISTED = 50
 
 
 class BilledGroupForm(forms.Form):
@@ -66,7 +67,8 @@ def list_context(user: User) -> dict[str, object]:
 
 @staff_required
 def billed_groups(request: PortalRequest) -> HttpResponse:
-    """Staff: which groups are billed and to whom, a form that bills one, and the latest group invoices."""
+    """Staff: which groups are billed and to whom, a form that bills one, who changed which and why, and the
+    latest group invoices."""
     form = BilledGroupForm(request.POST or None)
     if request.method == "POST" and form.is_valid():
         data, by = form.cleaned_data, request.user
@@ -78,22 +80,32 @@ def billed_groups(request: PortalRequest) -> HttpResponse:
         else:
             messages.success(request, f"Group {billed.group.name} is billed to {billed.billing_name}.")
             return redirect("billing-groups")
+    return _render(request, form, status=400 if form.errors else 200)
+
+
+def _render(request: PortalRequest, form: BilledGroupForm, status: int, stop_error: str = "") -> HttpResponse:
     context = {
         "form": form,
         "billed": BilledGroup.objects.select_related("group", "marked_by").annotate(members=Count("group__user")),
+        "changes": BilledGroupChange.objects.select_related("group", "by")[:CHANGES_LISTED],
+        "stop_error": stop_error,
         "issued": [
             (invoice, money.shown(invoice.total))
             for invoice in GroupInvoice.objects.select_related("group").order_by("-month", "-number")[:50]
         ],
     }
-    return render(request, GROUPS, context, status=400 if form.errors else 200)
+    return render(request, GROUPS, context, status=status)
 
 
 @staff_required
 @require_POST
 def unbill_group(request: PortalRequest, group_id: int) -> HttpResponse:
+    """Staff stop billing a group, with a reason; without one the page says so and nothing changes."""
     group = get_object_or_404(Group, pk=group_id)
     assert isinstance(request.user, User)
-    group_invoices.unmark(group, by=request.user)
+    try:
+        group_invoices.unmark(group, by=request.user, reason=request.POST.get("reason", ""))
+    except ValidationError as error:
+        return _render(request, BilledGroupForm(), status=400, stop_error=f"{group.name}: {' '.join(error.messages)}")
     messages.info(request, f"Group {group.name} is no longer billed; the invoices it was issued stay.")
     return redirect("billing-groups")

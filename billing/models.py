@@ -456,6 +456,39 @@ class BilledGroup(models.Model):
         return f"group {self.group} billed to {self.billing_name}"
 
 
+class BilledGroupChange(models.Model):
+    """Who billed a group, changed whom it is billed to, or stopped billing it, when, and why: written once and
+    never changed, like a credit grant in the ledger (PostgreSQL refuses changes too: migration 0011). A group
+    with such a record is kept (PROTECT), as its invoices keep it."""
+
+    class Action(models.TextChoices):
+        MARKED = "marked", "Billed"
+        CHANGED = "changed", "Billed to changed"
+        STOPPED = "stopped", "Billing stopped"
+
+    group = models.ForeignKey(Group, on_delete=models.PROTECT, related_name="billing_changes")
+    action = models.CharField(max_length=10, choices=Action.choices)
+    billing_name = models.CharField(max_length=200, help_text="Whom its invoices go to from then (stopped: went to).")
+    billing_email = models.EmailField(blank=True)
+    reason = models.CharField(max_length=300, blank=True, help_text="Why; required to stop billing a group.")
+    by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+")
+    at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["-at", "-id"]
+
+    def __str__(self) -> str:
+        return f"{self.get_action_display()}: group {self.group_id} by {self.by_id} at {self.at}"
+
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        if self.pk is not None:
+            raise ValidationError("A billed group's change is recorded once and never changed.")
+        super().save(*args, **kwargs)
+
+    def delete(self, *args: Any, **kwargs: Any) -> tuple[int, dict[str, int]]:
+        raise ValidationError("A billed group's change is recorded once and never deleted.")
+
+
 class GroupInvoice(Issued):
     """A billed group's month: the invoices of the members charged in it, addressed to the group."""
 

@@ -20,11 +20,13 @@ from django.db import DatabaseError, IntegrityError, connection, transaction
 from django.test import Client
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
+from django.utils import timezone
 
 from billing import group_invoices, invoices, ledger, meter
 from billing.models import (
     Account,
     BilledGroup,
+    BilledGroupChange,
     Entry,
     GroupInvoice,
     GroupInvoiceMember,
@@ -328,9 +330,61 @@ def test_only_staff_mark_a_group_as_billed_on_their_page(alice: User, staff: Use
     client_of(staff).post(page, {"group": group.pk, "billing_name": "Lab of physics"})
     assert BilledGroup.objects.get().billing_name == "Lab of physics"  # edited, not a second row
     assert "Lab of physics" in client_of(staff).get(page).content.decode()
-    assert client_of(alice).post(reverse("billing-group-unbill", args=[group.pk])).status_code == 403
-    client_of(staff).post(reverse("billing-group-unbill", args=[group.pk]))
+    stop = reverse("billing-group-unbill", args=[group.pk])
+    assert client_of(alice).post(stop, {"reason": "mine"}).status_code == 403
+    client_of(staff).post(stop, {"reason": "the lab closed"})
     assert not BilledGroup.objects.exists()
+
+
+def test_stopping_billing_a_group_needs_a_reason_and_who_when_and_why_are_kept(staff: User, roles: None) -> None:
+    group = Group.objects.create(name="lab")
+    page, stop = reverse("billing-groups"), reverse("billing-group-unbill", args=[group.pk])
+    client_of(staff).post(page, {"group": group.pk, "billing_name": "Lab", "billing_email": "lab@example.org"})
+    client_of(staff).post(page, {"group": group.pk, "billing_name": "Lab of physics"})
+
+    refused = client_of(staff).post(stop, {"reason": "  "})
+    assert refused.status_code == 400 and "lab: Say why the group is no longer billed." in refused.content.decode()
+    assert BilledGroup.objects.filter(group=group).exists()  # nothing changed
+    with pytest.raises(ValidationError):
+        group_invoices.unmark(group, by=staff, reason="")
+
+    assert client_of(staff).post(stop, {"reason": "the lab closed"}).status_code == 302
+    assert not BilledGroup.objects.exists()
+    changes = list(BilledGroupChange.objects.order_by("at", "id"))
+    assert [(c.action, c.billing_name, c.by, c.reason) for c in changes] == [
+        ("marked", "Lab", staff, ""),
+        ("changed", "Lab of physics", staff, ""),
+        ("stopped", "Lab of physics", staff, "the lab closed"),
+    ]
+    assert all(c.group == group and c.at <= timezone.now() for c in changes)
+    shown = client_of(staff).get(page).content.decode()
+    assert shown.count('data-testid="change-row"') == 3 and "Billing stopped" in shown and "the lab closed" in shown
+    again = client_of(staff).post(stop, {"reason": "twice"})  # not billed any more: said, nothing recorded
+    assert again.status_code == 400 and "is not billed" in again.content.decode()
+    assert BilledGroupChange.objects.count() == 3
+
+
+def test_a_billed_groups_change_record_is_never_changed_or_deleted(staff: User, roles: None) -> None:
+    group = Group.objects.create(name="lab")
+    group_invoices.mark(group, "Lab", "", by=staff)
+    change = BilledGroupChange.objects.get()
+    change.reason = "rewritten"
+    with pytest.raises(ValidationError):
+        change.save()
+    with pytest.raises(ValidationError):
+        change.delete()
+
+
+@postgresql_only
+def test_postgresql_refuses_editing_or_deleting_a_billed_groups_change(staff: User, roles: None) -> None:
+    group_invoices.mark(Group.objects.create(name="lab"), "Lab", "", by=staff)
+    for change in (
+        lambda: BilledGroupChange.objects.update(reason="rewritten"),
+        lambda: BilledGroupChange.objects.all()._raw_delete(connection.alias),
+    ):
+        with pytest.raises(DatabaseError, match="append-only"), transaction.atomic():
+            change()
+    assert BilledGroupChange.objects.get().reason == ""
 
 
 def test_staff_mark_a_group_as_billed_in_the_admin(roles: None) -> None:
@@ -343,3 +397,14 @@ def test_staff_mark_a_group_as_billed_in_the_admin(roles: None) -> None:
     billed = BilledGroup.objects.get()
     assert (billed.group, billed.billing_name, billed.marked_by) == (group, "Lab", root)
     assert client_of(root).get(reverse("admin:billing_groupinvoice_changelist")).status_code == 200
+    edited = client_of(root).post(
+        reverse("admin:billing_billedgroup_change", args=[billed.pk]), {"billing_name": "Lab 2", "billing_email": ""}
+    )
+    assert edited.status_code == 302 and BilledGroup.objects.get().billing_name == "Lab 2"
+    changes = BilledGroupChange.objects.order_by("at", "id")
+    assert [(c.action, c.billing_name, c.by) for c in changes] == [("marked", "Lab", root), ("changed", "Lab 2", root)]
+    # Stopping needs a reason: it is done on the portal's page, never by a delete in the admin.
+    assert client_of(root).get(reverse("admin:billing_billedgroup_delete", args=[billed.pk])).status_code == 403
+    history = client_of(root).get(reverse("admin:billing_billedgroupchange_changelist"))
+    assert history.status_code == 200 and "Billed to changed" in history.content.decode()
+    assert client_of(root).get(reverse("admin:billing_billedgroupchange_add")).status_code == 403
