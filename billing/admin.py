@@ -11,6 +11,7 @@ from django import forms
 from django.contrib import admin
 from django.contrib.auth.models import User
 from django.core.exceptions import ValidationError
+from django.db.models import Q, QuerySet
 from django.http import HttpRequest
 
 from billing import group_invoices, prices
@@ -157,10 +158,37 @@ class BudgetAdmin(ReadOnly):
     list_display = ["__str__", "user", "group", "monthly", "set_by", "set_at"]
 
 
+class MailFilter(admin.SimpleListFilter):
+    """Staff find the alerts whose mail never went out: given up after a week of failures, or still due."""
+
+    title = "mail"
+    parameter_name = "mail"
+    CHOICES = {
+        "given_up": Q(mail_given_up_at__isnull=False),
+        "due": Q(mail_due=True),
+        "sent": Q(mailed_at__isnull=False),
+    }
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [("given_up", "Given up"), ("due", "Still due"), ("sent", "Sent")]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[BudgetAlert]) -> QuerySet[BudgetAlert]:
+        wanted = self.CHOICES.get(self.value() or "")
+        return queryset.filter(wanted) if wanted is not None else queryset
+
+
 @admin.register(BudgetAlert)
 class BudgetAlertAdmin(ReadOnly):
-    list_display = ["budget", "month", "threshold", "spent", "sent_at", "mail_due", "mailed_at"]
-    list_filter = ["mail_due"]
+    list_display = ["budget", "month", "threshold", "spent", "sent_at", "mail", "mail_error"]
+    list_filter = [MailFilter]
+
+    @admin.display(description="Mail")
+    def mail(self, alert: BudgetAlert) -> str:
+        if alert.mailed_at:
+            return f"sent {alert.mailed_at:%Y-%m-%d %H:%M}"
+        if alert.mail_given_up_at:
+            return f"GIVEN UP {alert.mail_given_up_at:%Y-%m-%d %H:%M} after a week of failures: never sent"
+        return "due: tried again at the next check" if alert.mail_due else "no address to mail"
 
 
 @admin.register(CreditStop)

@@ -312,8 +312,11 @@ def _alert_text(budget: Budget, month: date, threshold: int, total: Decimal) -> 
 def send_due_mail(now: datetime | None = None) -> int:
     """Mail every alert of the last MAIL_RETRY_FOR whose mail is still due: new ones, and those whose send
     failed before (an alert is marked mailed only once the mail server took it, so the next check tries a
-    failed one again). Stops at the first failure: the server is down for the rest too. Returns how many went."""
-    since = (now or timezone.now()) - MAIL_RETRY_FOR
+    failed one again); an older one still due is given up, on the record. Stops at the first failure: the
+    server is down for the rest too. Returns how many went."""
+    now = now or timezone.now()
+    since = now - MAIL_RETRY_FOR
+    give_up_mail(before=since, now=now)
     due = BudgetAlert.objects.filter(mail_due=True, sent_at__gte=since).order_by("sent_at", "threshold")
     mailed = 0
     for alert_id in list(due.values_list("pk", flat=True)):
@@ -321,8 +324,27 @@ def send_due_mail(now: datetime | None = None) -> int:
             mailed += _mail(alert_id)
         except OSError as error:  # smtplib's errors are OSErrors too
             log.warning("budget alert %s: its mail failed, the next check tries again: %s", alert_id, error)
+            BudgetAlert.objects.filter(pk=alert_id, mail_due=True).update(mail_error=_said(error))
             break
     return mailed
+
+
+def give_up_mail(before: datetime, now: datetime) -> int:
+    """Stop retrying the mail of alerts recorded before ``before`` that never went out: each is marked given up
+    (the admin lists them, with the last error) and logged, so nobody takes silence for a sent mail."""
+    with transaction.atomic():  # a check beside this one skips the rows this one gives up
+        stale = BudgetAlert.objects.select_for_update(skip_locked=True).filter(mail_due=True, sent_at__lt=before)
+        given_up = list(stale.values_list("pk", "mail_error"))
+        count = BudgetAlert.objects.filter(pk__in=[pk for pk, _ in given_up]).update(
+            mail_due=False, mail_given_up_at=now
+        )
+    for alert_id, error in given_up:
+        log.error("budget alert %s: its mail failed for %s and is given up: %s", alert_id, MAIL_RETRY_FOR, error)
+    return count
+
+
+def _said(error: OSError) -> str:
+    return f"{type(error).__name__}: {error}"[:300]
 
 
 def _mail(alert_id: int) -> int:

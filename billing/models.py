@@ -307,7 +307,8 @@ class Budget(models.Model):
 
 class BudgetAlert(models.Model):
     """A threshold of a budget crossed in a month: one row, so the alert is shown and pushed exactly once;
-    its mail is marked sent only once the mail server has taken it."""
+    its mail is marked sent only once the mail server has taken it, and given up (recorded, for staff to
+    see) after a week of failures."""
 
     budget = models.ForeignKey(Budget, on_delete=models.CASCADE, related_name="alerts")
     month = models.DateField(help_text="The first day of the (UTC) month.")
@@ -318,6 +319,10 @@ class BudgetAlert(models.Model):
         default=False, db_default=False, help_text="Its mail is still to go out: a failed send is tried again."
     )
     mailed_at = models.DateTimeField(null=True, blank=True, help_text="When the mail server took its mail.")
+    mail_error = models.CharField(max_length=300, blank=True, help_text="Why its mail's last send failed.")
+    mail_given_up_at = models.DateTimeField(
+        null=True, blank=True, help_text="When its mail, failing for a week, was given up: it never went out."
+    )
 
     class Meta:
         ordering = ["-sent_at", "-threshold"]

@@ -1,11 +1,12 @@
 """A budget alert's mail is marked sent only once a mail server took it: a send that fails (an SMTP server
-that is not there) leaves it due, and a later check sends it; the alert itself is shown and pushed once."""
+that is not there) leaves it due, and a later check sends it; a week of failures gives it up, on the record
+staff see in the admin; the alert itself is shown and pushed once."""
 
 from __future__ import annotations
 
 import socket
 from collections.abc import Iterator
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 import pytest
 from django.contrib.auth.models import User
@@ -30,10 +31,10 @@ def closed_port() -> Iterator[int]:
         yield int(held.getsockname()[1])
 
 
-def check_budgets_and_commit() -> int:
+def check_budgets_and_commit(now: datetime | None = None) -> int:
     """One beat check, its after-commit work (the mail) run as a committed check would run it."""
     with TestCase.captureOnCommitCallbacks(execute=True):
-        return credit.check_budgets()
+        return credit.check_budgets(now)
 
 
 def alerts_on_the_dashboard(user: User) -> int:
@@ -110,3 +111,42 @@ def test_an_alert_for_someone_without_a_mail_address_is_not_left_due(hold: Hold,
     meter.tick()
     assert check_budgets_and_commit() == 1
     assert not BudgetAlert.objects.get().mail_due and not mail.outbox
+
+
+def test_a_mail_that_fails_for_a_week_is_given_up_on_the_record_staff_see_in_the_admin(
+    hold: Hold,
+    alice: User,
+    closed_port: int,
+    settings,  # type: ignore[no-untyped-def]
+) -> None:
+    settings.EMAIL_BACKEND, settings.EMAIL_HOST, settings.EMAIL_PORT = SMTP, "127.0.0.1", closed_port
+    settings.EMAIL_TIMEOUT = 5
+    credit.set_budget("1.00", by=alice, user=alice)
+    hold(alice, timedelta(minutes=4), lasted=timedelta(minutes=4))
+    meter.tick()
+    assert check_budgets_and_commit() == 1
+    alert = BudgetAlert.objects.get()
+    assert alert.mail_due and "ConnectionRefusedError" in alert.mail_error  # why it failed, kept
+
+    six_days_on = alert.sent_at + timedelta(days=6)
+    check_budgets_and_commit(six_days_on)  # still refused, still within the week: still due
+    alert.refresh_from_db()
+    assert alert.mail_due and alert.mail_given_up_at is None
+
+    settings.EMAIL_BACKEND = MEMORY  # the server is back, but a week and a day after the alert
+    a_week_on = alert.sent_at + credit.MAIL_RETRY_FOR + timedelta(days=1)
+    check_budgets_and_commit(a_week_on)
+    alert.refresh_from_db()
+    assert not alert.mail_due and alert.mailed_at is None and alert.mail_given_up_at == a_week_on
+    assert not mail.outbox  # news a week old is not sent; the record says it never went
+    check_budgets_and_commit(a_week_on + timedelta(minutes=1))
+    alert.refresh_from_db()
+    assert alert.mail_given_up_at == a_week_on  # given up once
+
+    root = User.objects.create_superuser("root", "root@example.org", "pw-root-mail")
+    admin = Client()
+    admin.force_login(root)
+    listed = admin.get(reverse("admin:billing_budgetalert_changelist") + "?mail=given_up").content.decode()
+    assert "GIVEN UP" in listed and "never sent" in listed and "ConnectionRefusedError" in listed
+    sent_only = admin.get(reverse("admin:billing_budgetalert_changelist") + "?mail=sent").content.decode()
+    assert "GIVEN UP" not in sent_only
