@@ -1,21 +1,25 @@
-"""The meter in a real Celery worker process: beat's minute task, and a session's end charged by name."""
+"""The meter in a real Celery worker process: beat's minute task sent by two real beat schedulers at once and
+caught up after an outage, and a session's end charged by name."""
 
 from __future__ import annotations
 
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 from django.contrib.auth.models import User
+from django.db import transaction
 
-from billing import ledger, money
+from billing import ledger, meter, money
 from billing.models import ChargedMinute, Usage
 from billing.prices import database_now
 from billing.tasks import charge_accrued
 from sessions.gpus.allocator import holding_started
 from sessions.notebooks.models import NotebookImage
 from sessions.notebooks.services import CHARGE_HOLDING, ContainerEnd, container_ended
-from tests.billing.conftest import Hold
+from tests.billing.conftest import Hold, clock_moves_on, unbalanced_transactions
 from tests.factories import running_session
+from tests.helpers import processes
 from tests.helpers.waiting import wait_for
 
 pytestmark = [pytest.mark.celery, pytest.mark.django_db(transaction=True)]
@@ -58,3 +62,43 @@ def test_a_sessions_end_is_charged_to_its_last_minute_without_waiting_for_a_tick
     usage = Usage.objects.get(slice_id=session.slice_id)
     assert usage.billed_minutes == 4
     assert ledger.balance(alice) == -4 * money.per_minute(usage.price.per_hour)
+
+
+def charged_as_due(usage: Usage) -> bool:
+    """Every minute due by the database's clock is charged, each once, and the wallet paid exactly those."""
+    usage.refresh_from_db()
+    minutes = list(ChargedMinute.objects.filter(usage=usage).order_by("minute").values_list("minute", flat=True))
+    due = meter.minutes_due(usage.started, None, database_now())
+    return minutes == list(range(due)) and ledger.balance(usage.owner) == -due * usage.per_minute
+
+
+def sent(folder: Path, beat: int) -> int:
+    """How many ticks a beat process has sent, by its log."""
+    return (folder / f"beat-{beat}" / "beat.log").read_text(errors="replace").count("billing.tasks.charge_accrued")
+
+
+def test_two_real_beat_schedulers_charge_each_minute_once_and_the_next_tick_catches_up_an_outage(
+    celery_worker: str, hold: Hold, alice: User, tmp_path: Path
+) -> None:
+    held = hold(alice, timedelta(minutes=5, seconds=5))
+    beats = [processes.start_billing_beat(1.0, tmp_path / f"beat-{n}") for n in (1, 2)]  # two schedulers at once
+    try:
+        wait_for(lambda: Usage.objects.filter(slice=held).exists(), 60, "beat's first tick opening the usage")
+        usage = Usage.objects.get(slice=held)
+        wait_for(lambda: min(sent(tmp_path, 1), sent(tmp_path, 2)) >= 3, 60, "both schedulers sending ticks")
+        wait_for(lambda: charged_as_due(usage), 60, "the six started minutes charged")
+        assert ChargedMinute.objects.filter(usage=usage).count() >= 6 and not unbalanced_transactions()
+    finally:
+        for beat in beats:
+            processes.stop(beat)
+
+    with transaction.atomic():
+        clock_moves_on(10)  # beat is down for ten minutes
+    charged_before = ChargedMinute.objects.filter(usage=usage).count()
+    beat = processes.start_billing_beat(1.0, tmp_path / "beat-3")
+    try:
+        wait_for(lambda: charged_as_due(usage), 60, "the next tick charging the ten minutes of the outage")
+        assert ChargedMinute.objects.filter(usage=usage).count() >= charged_before + 10
+    finally:
+        processes.stop(beat)
+    assert not unbalanced_transactions()

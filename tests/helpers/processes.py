@@ -150,6 +150,22 @@ def start_celery_worker(name: str, log_path: Path) -> subprocess.Popen[bytes]:
     return ready_or_stopped(process, lambda: bool(app.control.ping(destination=[name], timeout=0.5)), 60, "worker")
 
 
+def start_billing_beat(every: float, folder: Path) -> subprocess.Popen[bytes]:
+    """A real Celery beat that sends the billing minute every ``every`` seconds (tests/helpers/billing_beat.py),
+    its schedule and log in ``folder``; ready once it has sent its first tick."""
+    folder.mkdir(parents=True, exist_ok=True)
+    log_path = folder / "beat.log"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "tests.helpers.billing_beat", str(every), str(folder / "schedule")],
+        cwd=ROOT,
+        env=child_env(),
+        stdout=log_path.open("ab"),
+        stderr=subprocess.STDOUT,
+    )
+    sent = "billing.tasks.charge_accrued"
+    return ready_or_stopped(process, lambda: sent in log_path.read_text(errors="replace"), 60, "beat")
+
+
 def start_hub(stack: dict[str, int], data_dir: Path, log_path: Path) -> subprocess.Popen[bytes]:
     """JupyterHub with our config; it starts configurable-http-proxy on the public port itself."""
     log = log_path.open("ab")
