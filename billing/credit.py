@@ -44,6 +44,7 @@ class Running:
     per_minute: Decimal
     minutes: int  # started so far, all of them due
     what: str
+    counted_at: datetime  # the database's moment the minutes were counted at
 
     @property
     def cost(self) -> Decimal:
@@ -55,10 +56,11 @@ class Running:
 
     @property
     def next_minute_in(self) -> float:
-        """Seconds until the next minute starts, when the cost goes up again."""
+        """Seconds until the next minute starts, when the cost goes up again: by the database's clock, as the
+        meter counts (a web process whose clock is behind would otherwise wait minutes to show it)."""
         assert self.held.held_from is not None
         due = self.held.held_from + timedelta(minutes=self.minutes)
-        return max(1.0, (due - timezone.now()).total_seconds())
+        return max(1.0, (due - self.counted_at).total_seconds())
 
 
 @dataclass(frozen=True)
@@ -130,7 +132,7 @@ def running_costs(holdings: Sequence[Slice], now: datetime | None = None) -> dic
         if held.pk in rates:
             assert held.held_from is not None
             minutes = meter.minutes_due(held.held_from, ended_at(held), now)
-            found[held.pk] = Running(held, rates[held.pk], minutes, _what(held, names))
+            found[held.pk] = Running(held, rates[held.pk], minutes, _what(held, names), now)
     return found
 
 
@@ -266,8 +268,9 @@ def alerts_for(user: User, month: date) -> QuerySet[BudgetAlert]:
 
 def check_budgets(now: datetime | None = None) -> int:
     """Beat: record every threshold crossed this month (shown once on the dashboard and pushed once), then
-    mail each alert whose mail is still due; returns how many alerts were new."""
-    now = now or timezone.now()
+    mail each alert whose mail is still due; returns how many alerts were new. The month is the database's,
+    the clock the charges were posted by."""
+    now = now or prices.database_now()
     month = month_of(now)
     by_person = spent_by_person(month)
     memberships: dict[int, list[int]] = {}
@@ -374,8 +377,9 @@ def open_stop(user: User) -> CreditStop | None:
 
 def check_balances(now: datetime | None = None) -> dict[str, int]:
     """Beat: warn whoever holds slices at a zero balance, stop their sessions once the grace period is over,
-    and clear the warning of whoever has credit again."""
-    now = now or timezone.now()
+    and clear the warning of whoever has credit again. The grace time runs by the database's clock, whichever
+    worker's clock checks it."""
+    now = now or prices.database_now()
     holders = set(
         Slice.objects.filter(held_from__isnull=False, held_until__isnull=True, released_at__isnull=True).values_list(
             "owner_id", flat=True

@@ -81,10 +81,13 @@ app.conf.beat_schedule = {
         "schedule": 30.0,
         "options": {"expires": 25},
     },
-    # A tick left in the queue past the next one is dropped: the next one charges all of it anyway.
-    "billing-minute": {"task": "billing.tasks.charge_accrued", "schedule": 60.0, "options": {"expires": 55}},
+    # No expiry on billing's ticks: beat stamps it by its own clock and the worker reads it by its own, so a
+    # worker a minute ahead would drop every one and running sessions would never be charged or stopped at
+    # zero. Ticks queued while the worker was down run when it is back: the first charges all that is due,
+    # those beside it return at once (the meter's try-lock), the rest find nothing new.
+    "billing-minute": {"task": "billing.tasks.charge_accrued", "schedule": 60.0},
     "billing-fold-minutes": {"task": "billing.tasks.fold_minutes", "schedule": 3600.0},
-    "billing-credit": {"task": "billing.tasks.check_credit", "schedule": 30.0, "options": {"expires": 25}},
+    "billing-credit": {"task": "billing.tasks.check_credit", "schedule": 30.0},
     # Half an hour into the month, so the last minutes of the old one are charged first.
     "billing-invoices": {
         "task": "billing.tasks.issue_invoices",

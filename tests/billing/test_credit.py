@@ -95,6 +95,15 @@ def test_burn_rate_and_time_left_follow_what_runs(hold: Hold, alice: User, staff
     assert [r.cost for r in wallet.running] == [A100_HOUR / 60] * 2  # the first minute is due at once
 
 
+def test_a_cost_so_fars_next_refresh_counts_from_the_databases_moment_not_the_web_processes_clock(
+    hold: Hold, alice: User
+) -> None:
+    held = hold(alice, timedelta(minutes=10))
+    assert held.held_from is not None
+    found = credit.running_costs([held], now=held.held_from + timedelta(seconds=30))[held.pk]
+    assert found.minutes == 1 and found.next_minute_in == 30.0  # the web's clock would say 9 minutes late
+
+
 def test_a_holding_that_ended_no_longer_burns(hold: Hold, alice: User) -> None:
     hold(alice, timedelta(minutes=5), lasted=timedelta(minutes=2))
     assert credit.wallet(alice).burn_per_hour == 0

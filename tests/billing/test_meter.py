@@ -13,13 +13,14 @@ from decimal import Decimal
 
 import pytest
 from django.contrib.auth.models import User
-from django.db import connection, connections, transaction
+from django.db import IntegrityError, connection, connections, transaction
+from django.db.models import F
 from django.test.utils import CaptureQueriesContext
 
 from billing import ledger, meter, money
 from billing.models import Account, ChargedMinute, Market, Usage
 from billing.prices import PriceKey, add_price, database_now
-from sessions.gpus.allocator import release
+from sessions.gpus.allocator import holding_ended, release
 from tests.billing.conftest import (
     A30_SHARE,
     H200_3G,
@@ -114,6 +115,28 @@ def test_a_released_slice_with_no_recorded_end_ended_at_its_release(hold: Hold, 
     clock_moves_on(5)
     assert meter.tick().minutes == 2
     assert not Usage.objects.get(slice=held).open
+
+
+@pytest.mark.django_db
+def test_a_usage_whose_end_moment_is_before_its_start_ends_at_its_start_and_pays_its_first_minute(
+    hold: Hold, alice: User
+) -> None:
+    """Docker's moments against the database's: an end reported before the start (a clock behind), and a
+    release the database stamped before a start Docker's clock put ahead of it."""
+    reported = hold(alice, timedelta(minutes=3))
+    assert reported.held_from is not None
+    holding_ended(reported.pk, reported.held_from, reported.held_from - timedelta(minutes=2))
+    released = hold(alice, -timedelta(seconds=40))  # its start 40 s ahead of the database's now
+    release(released.pk)  # released now, by the database's clock: before that start
+    outcome = meter.tick()
+    assert outcome.minutes == 2 and charged(reported.pk) == [0] and charged(released.pk) == [0]
+    for held in (reported, released):
+        usage = Usage.objects.get(slice=held)
+        assert usage.ended == usage.started and not usage.open
+    assert ledger.balance(alice) == -2 * A100_MINUTE
+    with pytest.raises(IntegrityError), transaction.atomic():  # and the database refuses it outright
+        Usage.objects.filter(slice=reported).update(ended=F("started") - timedelta(seconds=1))
+    assert_balanced()
 
 
 @pytest.mark.django_db

@@ -1,8 +1,10 @@
 """The meter in a real Celery worker process: beat's minute task sent by two real beat schedulers at once and
-caught up after an outage, and a session's end charged by name."""
+caught up after an outage, charged by a worker whose clock runs minutes ahead of beat's (libfaketime), and a
+session's end charged by name."""
 
 from __future__ import annotations
 
+import uuid
 from datetime import timedelta
 from pathlib import Path
 
@@ -11,9 +13,9 @@ from django.contrib.auth.models import User
 from django.db import transaction
 
 from billing import ledger, meter, money
-from billing.models import ChargedMinute, Usage
+from billing.models import ChargedMinute, CreditStop, Usage
 from billing.prices import database_now
-from billing.tasks import charge_accrued
+from billing.tasks import charge_accrued, check_credit
 from sessions.gpus.allocator import holding_started
 from sessions.notebooks.models import NotebookImage
 from sessions.notebooks.services import CHARGE_HOLDING, ContainerEnd, container_ended
@@ -25,12 +27,13 @@ from tests.helpers.waiting import wait_for
 pytestmark = [pytest.mark.celery, pytest.mark.django_db(transaction=True)]
 
 
-def test_beat_ticks_the_meter_every_minute_and_drops_a_tick_the_next_one_overtakes() -> None:
+def test_beat_ticks_the_meter_every_minute_and_checks_credit_with_no_expiry_a_skewed_clock_could_misread() -> None:
     from portal.celery import app
 
-    entry = app.conf.beat_schedule["billing-minute"]
+    entry, checks = app.conf.beat_schedule["billing-minute"], app.conf.beat_schedule["billing-credit"]
     assert entry["task"] == charge_accrued.name and entry["schedule"] == 60.0
-    assert entry["options"]["expires"] < 60
+    assert checks["task"] == check_credit.name and checks["schedule"] == 30.0
+    assert "expires" not in entry.get("options", {}) and "expires" not in checks.get("options", {})
     assert CHARGE_HOLDING in app.tasks
 
 
@@ -101,4 +104,42 @@ def test_two_real_beat_schedulers_charge_each_minute_once_and_the_next_tick_catc
         assert ChargedMinute.objects.filter(usage=usage).count() >= charged_before + 10
     finally:
         processes.stop(beat)
+    assert not unbalanced_transactions()
+
+
+LIBFAKETIME = Path("/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1")  # Debian's faketime
+
+
+def test_a_worker_whose_clock_runs_minutes_ahead_of_beats_charges_and_stops_by_the_databases_clock(
+    hold: Hold,
+    alice: User,
+    tmp_path: Path,
+    settings,  # type: ignore[no-untyped-def]
+) -> None:
+    """Beat stamps a task's expiry by its own clock and the worker reads it by its own: no tick or credit
+    check may carry one, or a worker ahead of beat drops them all and running sessions are never charged or
+    stopped at zero. What the worker does goes by the database's clock: the minutes, the zero-balance warning
+    and its grace time."""
+    assert LIBFAKETIME.exists(), "compose/bin/test installs Debian's faketime"
+    queue = f"skewed-{uuid.uuid4().hex[:8]}"  # this worker's own: the run's worker never takes its ticks
+    ahead = {"LD_PRELOAD": str(LIBFAKETIME), "FAKETIME": "+3m", "PORTAL_CELERY_QUEUE": queue}
+    held = hold(alice, timedelta(minutes=2, seconds=5))
+    worker = processes.start_celery_worker(f"{queue}@127.0.0.1", tmp_path / "worker.log", **ahead)
+    entries = ("billing-minute", "billing-credit")
+    beat = processes.start_billing_beat(1.0, tmp_path / "beat", entries, PORTAL_CELERY_QUEUE=queue)
+    try:
+        wait_for(lambda: Usage.objects.filter(slice=held).exists(), 60, "the skewed worker opening the usage")
+        usage = Usage.objects.get(slice=held)
+        wait_for(lambda: charged_as_due(usage), 60, "every minute due by the database's clock charged")
+        wait_for(CreditStop.objects.filter(user=alice).exists, 60, "the skewed worker's zero-balance warning")
+    finally:
+        processes.stop(beat)
+        processes.stop(worker)
+    log = (tmp_path / "worker.log").read_text(errors="replace")
+    assert "Discarding revoked" not in log and "succeeded" in log
+    assert ChargedMinute.objects.filter(usage=usage).count() < 6  # not the 5 minutes the worker's clock says
+    stop = CreditStop.objects.get(user=alice)
+    assert abs(stop.warned_at - database_now()) < timedelta(minutes=1)  # not 3 minutes ahead
+    assert stop.stop_at - stop.warned_at == timedelta(minutes=settings.BILLING_GRACE_MINUTES)
+    assert stop.stopped_at is None  # the grace time has not passed by the database's clock
     assert not unbalanced_transactions()

@@ -120,7 +120,8 @@ def start_daphne(port: int, log_path: Path, **extra: str) -> subprocess.Popen[by
     return ready_or_stopped(process, lambda: answers_200(f"http://127.0.0.1:{port}/healthz"), 30, "daphne")
 
 
-def start_celery_worker(name: str, log_path: Path) -> subprocess.Popen[bytes]:
+def start_celery_worker(name: str, log_path: Path, **extra: str) -> subprocess.Popen[bytes]:
+    """A worker on the test run's queue (or ``PORTAL_CELERY_QUEUE`` in ``extra``, which adds to its environment)."""
     from portal.celery import app
 
     log = log_path.open("ab")
@@ -133,7 +134,7 @@ def start_celery_worker(name: str, log_path: Path) -> subprocess.Popen[bytes]:
             "--pool",
             "solo",
             "--queues",
-            settings.CELERY_TASK_DEFAULT_QUEUE,
+            extra.get("PORTAL_CELERY_QUEUE", settings.CELERY_TASK_DEFAULT_QUEUE),
             "--hostname",
             name,
             "--without-gossip",
@@ -142,7 +143,7 @@ def start_celery_worker(name: str, log_path: Path) -> subprocess.Popen[bytes]:
             "INFO",
         ],
         cwd=ROOT,
-        env=child_env(),
+        env=child_env(**extra),
         stdout=log,
         stderr=subprocess.STDOUT,
     )
@@ -150,15 +151,17 @@ def start_celery_worker(name: str, log_path: Path) -> subprocess.Popen[bytes]:
     return ready_or_stopped(process, lambda: bool(app.control.ping(destination=[name], timeout=0.5)), 60, "worker")
 
 
-def start_billing_beat(every: float, folder: Path) -> subprocess.Popen[bytes]:
-    """A real Celery beat that sends the billing minute every ``every`` seconds (tests/helpers/billing_beat.py),
-    its schedule and log in ``folder``; ready once it has sent its first tick."""
+def start_billing_beat(
+    every: float, folder: Path, entries: tuple[str, ...] = ("billing-minute",), **extra: str
+) -> subprocess.Popen[bytes]:
+    """A real Celery beat that sends billing's ``entries`` every ``every`` seconds (tests/helpers/billing_beat.py),
+    its schedule and log in ``folder``, ``extra`` added to its environment; ready once it has sent a tick."""
     folder.mkdir(parents=True, exist_ok=True)
     log_path = folder / "beat.log"
     process = subprocess.Popen(
-        [sys.executable, "-m", "tests.helpers.billing_beat", str(every), str(folder / "schedule")],
+        [sys.executable, "-m", "tests.helpers.billing_beat", str(every), str(folder / "schedule"), *entries],
         cwd=ROOT,
-        env=child_env(),
+        env=child_env(**extra),
         stdout=log_path.open("ab"),
         stderr=subprocess.STDOUT,
     )
