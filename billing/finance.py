@@ -69,6 +69,7 @@ class RangeForm(forms.Form):
     kind = forms.CharField(required=False, widget=forms.HiddenInput)
     profile = forms.CharField(required=False, widget=forms.HiddenInput)
     market = forms.CharField(required=False, widget=forms.HiddenInput)
+    idle = forms.BooleanField(required=False, widget=forms.HiddenInput)  # a drill-down of idle spend
 
     def clean(self) -> dict[str, Any]:
         data = super().clean() or {}
@@ -88,7 +89,7 @@ class RangeForm(forms.Form):
 
 
 def _query(scope: Scope, **narrower: Any) -> str:
-    """The query string of a scope, narrowed (a day, a person, a model ...) for a drill-down link."""
+    """The query string of a scope, narrowed (a day, a person, a model ..., ``idle=1``) for a drill-down link."""
     params = {"start": scope.first, "end": scope.last, "user": scope.user, "model": scope.model}
     params |= {"kind": scope.kind, "profile": scope.profile, "market": scope.market}
     params["group"] = NO_GROUP if scope.group == "" else scope.group
@@ -151,6 +152,7 @@ def overview(request: HttpRequest) -> HttpResponseBase:
         "idle": reports.idle_total(scope),
         "currency": settings.CURRENCY,
         "everything": _drill(scope),
+        "idle_usages": _drill(scope, idle=1),
         "csv_name": f"finance-{scope.first}-{scope.last}",
     }
     return _respond(request, "billing/finance.html", tables, context)
@@ -192,7 +194,7 @@ def overview_tables(scope: Scope, per_day: list[dict[str, Any]]) -> list[Table]:
               rows(fleet, ["model", "gpus", "billed_hours", "available_hours", "percent"]), set(),
               [_drill(scope, model=r["model"]) for r in fleet]),
         Table("idle", "Idle spend by person", ["Person", "Idle minutes", "Amount"],
-              rows(idle, ["username", *figures]), {2}, [_drill(scope, user=r["user"]) for r in idle]),
+              rows(idle, ["username", *figures]), {2}, [_drill(scope, user=r["user"], idle=1) for r in idle]),
         Table("negative", "Negative balances (now)", ["Person", "Balance"],
               rows(negative, ["username", "balance"]), {1}, [_drill(scope, user=r["user"]) for r in negative]),
         Table("per_day", "Revenue per day", ["Day", "Minutes", "Amount"], rows(per_day, ["day", *figures]), {2},
@@ -202,17 +204,20 @@ def overview_tables(scope: Scope, per_day: list[dict[str, Any]]) -> list[Table]:
 
 @finance_only
 def usages(request: HttpRequest) -> HttpResponseBase:
-    """What a figure is made of: its usages (minutes and amount within the scope) and ledger entries."""
+    """What a figure is made of: its usages (minutes and amount within the scope) and ledger entries; with
+    ``idle=1``, idle spend's: the usages with idle minutes, and their idle minutes and amount as the total."""
     form, scope = _scope_or_400(request)
     if scope is None:
         return HttpResponseBadRequest("Bad range.")
+    idle_only = bool(form.cleaned_data["idle"])
     figures = {row["usage"]: row for row in reports.billed(scope, ["usage"])}
     idle = {row["usage"]: row for row in reports.idle_spend(scope, ["usage"])}
-    found = Usage.objects.filter(pk__in=figures).select_related("owner", "slice__gpu").order_by("-started", "-pk")
+    wanted = idle if idle_only else figures
+    found = Usage.objects.filter(pk__in=wanted).select_related("owner", "slice__gpu").order_by("-started", "-pk")
     listed = [
         [u.pk, u.owner.username, u.slice.gpu.model_name, u.slice.kind, u.slice.profile, u.market, u.started,
          u.ended, figures[u.pk]["minutes"], figures[u.pk]["amount"], idle.get(u.pk, {}).get("minutes", 0)]
-        for u in found
+        for u in found if u.pk in figures
     ]  # fmt: skip
     table = Table(
         "usages",
@@ -221,12 +226,23 @@ def usages(request: HttpRequest) -> HttpResponseBase:
          "Idle minutes"],
         listed, {9}, [reverse("billing-finance-usage", args=[row[0]]) + f"?{_query(scope)}" for row in listed],
     )  # fmt: skip
-    transactions = LedgerTransaction.objects.filter(pk__in=reports.minute_rows(scope).values("transaction_id"))
+    minutes = reports.minute_rows(scope)
+    if idle_only:
+        minutes = minutes.filter(usage__in=list(idle))
+    transactions = LedgerTransaction.objects.filter(pk__in=minutes.values("transaction_id"))
     tables = [table, entries_table(transactions)]
-    context = {"form": form, "scope": scope, "total": reports.total(scope), "csv_name": "finance-usages"}
+    total = _idle_total(idle) if idle_only else reports.total(scope)
+    context = {"form": form, "scope": scope, "total": total, "idle_only": idle_only, "csv_name": "finance-usages"}
     context["currency"] = settings.CURRENCY
     context["listed"] = LISTED
     return _respond(request, "billing/finance_usages.html", tables, context)
+
+
+def _idle_total(idle: dict[int, dict[str, Any]]) -> dict[str, Any]:
+    return {
+        "minutes": sum(row["minutes"] for row in idle.values()),
+        "amount": sum((row["amount"] for row in idle.values()), Decimal(0)),
+    }
 
 
 def entries_table(transactions: Any) -> Table:

@@ -378,3 +378,55 @@ def test_groups_count_a_person_in_each_and_drill_down_to_people_in_none(
     assert [row[1] for row in drill.context["tables"][0].rows] == ["erin"]
     users = client.get(reverse("billing-finance-usages"), {"start": str(books.first), "group": "users"})
     assert {row[1] for row in users.context["tables"][0].rows} == {"alice", "bob"}
+
+
+@pytest.mark.django_db
+def test_the_idle_spend_figure_drills_down_to_the_usages_with_idle_minutes_and_their_ledger(
+    books: Books,
+    billing_user: User,
+    settings,  # type: ignore[no-untyped-def]
+) -> None:
+    settings.IDLE_GPU_UTIL_PERCENT = 5
+    history(books.spot, 0, 1.0)  # bob's spot slice: its first minute idle too; its minutes are still rows
+    client = finance_client(billing_user)
+    query = {"start": str(books.first), "end": str(books.last)}
+    page = client.get(reverse("billing-finance"), query)
+    idle_link = page.context["idle_usages"]
+    assert f'href="{idle_link.replace("&", "&amp;")}"' in page.content.decode()  # the figure's link
+    idle_table = next(table for table in page.context["tables"] if table.name == "idle")
+    person_links = dict(zip([row[0] for row in idle_table.rows], idle_table.links, strict=True))
+    assert "idle=1" in person_links["bob"]
+
+    drill = client.get(idle_link)
+    usages_table, entries_table = drill.context["tables"]
+    assert sorted(row[0] for row in usages_table.rows) == sorted([books.old.pk, books.spot.pk])  # not the share
+    assert {row[0]: row[10] for row in usages_table.rows} == {books.old.pk: 4, books.spot.pk: 1}
+    expected = amount(books.old, 4) + amount(books.spot, 1)
+    assert drill.context["total"] == {"minutes": 5, "amount": expected} == reports.idle_total(books.scope)
+    assert "5 idle minutes" in drill.content.decode()
+    # The entries that charged the idle usages' minute rows (the spot's), never the share's.
+    wallets = {row[4] for row in entries_table.rows if row[4].startswith("wallet")}
+    assert wallets == {f"wallet of user {books.spot.owner_id}"} and sum(row[5] for row in entries_table.rows) == 0
+
+    bobs = client.get(person_links["bob"]).context["tables"][0]
+    assert [row[0] for row in bobs.rows] == [books.spot.pk]
+
+
+@pytest.mark.django_db
+def test_every_drill_down_table_comes_as_csv_too(books: Books, billing_user: User) -> None:
+    client = finance_client(billing_user)
+    query = {"start": str(books.first), "end": str(books.last), "format": "csv"}
+    drill = reverse("billing-finance-usages")
+    ledger_rows = csv_rows(client.get(drill, {**query, "table": "ledger"}))
+    assert ledger_rows[0] == ["Transaction", "Posted", "Kind", "Memo", "Account", "Amount"]
+    assert len(ledger_rows) > 2 and sum(Decimal(row[5]) for row in ledger_rows[1:]) == 0
+    usage_page = reverse("billing-finance-usage", args=[books.old.pk])
+    days = csv_rows(client.get(usage_page, {"format": "csv", "table": "days"}))
+    assert days[0] == ["Day", "First minute", "Minutes", "Amount"] and sum(int(row[2]) for row in days[1:]) == 11
+    spot_page = reverse("billing-finance-usage", args=[books.spot.pk])
+    spot_ledger = csv_rows(client.get(spot_page, {"format": "csv", "table": "ledger"}))
+    assert len(spot_ledger) == 3 and sum(Decimal(row[5]) for row in spot_ledger[1:]) == 0  # wallet and revenue
+    for page, names in ((drill, ("usages", "ledger")), (usage_page, ("minutes", "days", "ledger"))):
+        body = client.get(page, {"start": str(books.first), "end": str(books.last)}).content.decode()
+        for name in names:
+            assert f'data-testid="csv-{name}"' in body, (page, name)
