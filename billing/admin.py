@@ -61,6 +61,7 @@ class PriceAdminForm(forms.ModelForm[Price]):
             data["per_hour"] = prices.parse_per_hour(data.get("per_hour", ""))
             key = prices.PriceKey(data["model_name"], data["kind"], data.get("profile", ""), data["market"])
             prices.check_key(key)
+            prices.check_moment(key, data["effective_from"])  # here, so a refusal is said on the form, not a 500
         except (KeyError, ValidationError) as error:
             raise ValidationError(getattr(error, "messages", ["Fill in every field."])) from None
         return data

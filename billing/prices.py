@@ -125,28 +125,32 @@ def check_key(key: PriceKey) -> None:
 
 
 def add_price(key: PriceKey, per_hour: object, effective_from: datetime, by: User | None, source: str = "") -> Price:
-    """Record a new price from ``effective_from`` on, or refuse it with the reason.
-
-    A moment in the past is refused when a holding of this key began since then (up to the next price):
-    its frozen rate would no longer be the one the history says held.
-    """
+    """Record a new price from ``effective_from`` on, or refuse it with the reason (``check_moment``)."""
     amount = parse_per_hour(per_hour)
     check_key(key)
     with transaction.atomic():
         _lock_key(key)
-        if _of(key).filter(effective_from=effective_from).exists():
-            raise ValidationError("A price of this kind already starts at that moment.", code="duplicate")
-        if effective_from < database_now():
-            repriced = _holdings_repriced(key, effective_from)
-            if repriced:
-                raise ValidationError(
-                    f"{repriced} holding(s) of this kind began since {effective_from:%Y-%m-%d %H:%M} UTC and run"
-                    " or were billed at the price then in force; a new price can only apply from now on.",
-                    code="reprices",
-                )
+        check_moment(key, effective_from)
         price = Price(**key.__dict__, per_hour=amount, effective_from=effective_from, created_by=by, source=source)
         price.save()
     return price
+
+
+def check_moment(key: PriceKey, effective_from: datetime) -> None:
+    """Refuse a moment a price of this key already starts at, and a moment in the past when a holding of this
+    key began since then (up to the next price) or is starting now: its frozen rate would no longer be the
+    one the history says held."""
+    if _of(key).filter(effective_from=effective_from).exists():
+        raise ValidationError("A price of this kind already starts at that moment.", code="duplicate")
+    if effective_from < database_now():
+        repriced = _holdings_repriced(key, effective_from)
+        if repriced:
+            raise ValidationError(
+                f"{repriced} holding(s) of this kind began since {effective_from:%Y-%m-%d %H:%M} UTC or are"
+                " starting, and run or were billed at the price then in force; a new price can only apply from"
+                " now on.",
+                code="reprices",
+            )
 
 
 def _lock_key(key: PriceKey) -> None:
@@ -157,10 +161,14 @@ def _lock_key(key: PriceKey) -> None:
 
 
 def _holdings_repriced(key: PriceKey, since: datetime) -> int:
+    """Holdings of the key begun since ``since`` (before the next price), and those starting: a container
+    may have begun before its start is recorded, at a moment the new price would cover."""
     later = _of(key).filter(effective_from__gt=since).order_by("effective_from").first()
-    held = Slice.objects.filter(held_from__gte=since, gpu__model_name=key.model_name, kind=key.kind)
+    begun = Q(held_from__gte=since)
     if later is not None:
-        held = held.filter(held_from__lt=later.effective_from)
+        begun &= Q(held_from__lt=later.effective_from)
+    starting = Q(held_from__isnull=True, released_at__isnull=True)
+    held = Slice.objects.filter(begun | starting, gpu__model_name=key.model_name, kind=key.kind)
     if key.kind == Slice.Kind.MIG:
         held = held.filter(profile=key.profile)
     return held.filter(market=Slice.Market.SPOT if key.market == Market.SPOT else Slice.Market.ON_DEMAND).count()

@@ -74,3 +74,23 @@ def test_the_admin_shows_the_ledger_and_lets_nobody_change_it(admin_client: Clie
     assert page.status_code == 200 and "welcome" in page.content.decode()
     assert admin_client.post(reverse("admin:billing_entry_delete", args=[Entry.objects.first().pk])).status_code == 403  # type: ignore[union-attr]
     assert admin_client.get(reverse("admin:billing_price_add")).status_code == 200
+
+
+def test_the_admin_refuses_a_price_that_would_reprice_a_running_holding_in_words(
+    admin_client: Client, hold: Hold, alice: User
+) -> None:
+    hold(alice, timedelta(minutes=5))
+    past = database_now() - timedelta(hours=1)
+    form = {
+        "model_name": "A100-SXM4-80GB",
+        "kind": "whole",
+        "profile": "",
+        "market": "on_demand",
+        "per_hour": "20",
+        "effective_from_0": past.strftime("%Y-%m-%d"),
+        "effective_from_1": past.strftime("%H:%M:%S"),
+        "source": "backdated",
+    }
+    answer = admin_client.post(reverse("admin:billing_price_add"), form)
+    assert answer.status_code == 200 and "began since" in answer.content.decode()
+    assert not Price.objects.filter(source="backdated").exists()

@@ -13,7 +13,9 @@ from billing import money, prices
 from billing.models import Market, Price
 from billing.prices import PriceKey, add_price, database_now, in_force
 from sessions.gpus import catalog
-from tests.billing.conftest import Hold
+from sessions.gpus.allocator import allocate, release
+from sessions.gpus.holders import Holder
+from tests.billing.conftest import A100, Hold
 
 pytestmark = pytest.mark.django_db
 A100_WHOLE = PriceKey("A100-SXM4-80GB", "whole", "", Market.ON_DEMAND)
@@ -97,6 +99,18 @@ def test_a_price_from_the_past_that_would_reprice_a_running_holding_is_refused(
     # The same moment for a key nothing has held since is history nobody was billed by: accepted.
     h100 = PriceKey("H100-SXM5-80GB", "whole", "", Market.ON_DEMAND)
     assert add_price(h100, "20", database_now() - timedelta(hours=1), by=staff).per_hour == Decimal(20)
+
+
+def test_a_price_from_the_past_is_refused_while_a_holding_of_its_kind_is_starting(
+    fleet: object, alice: User, staff: User
+) -> None:
+    """Its container may already run, its start not yet recorded: the past moment would cover that start."""
+    starting = allocate(alice, A100, holder=Holder.notebook(4242))
+    with pytest.raises(ValidationError) as refused:
+        add_price(A100_WHOLE, "20", database_now() - timedelta(hours=1), by=staff)
+    assert refused.value.code == "reprices" and "or are starting" in refused.value.messages[0]
+    assert add_price(A100_WHOLE, "20", database_now() + timedelta(seconds=1), by=staff).per_hour == Decimal(20)
+    release(starting.pk)
 
 
 def test_a_price_is_never_changed_in_place(fleet: object) -> None:
