@@ -130,6 +130,23 @@ def test_the_launch_form_shows_prices_spot_balance_and_hours(
     assert "per started minute" in page
 
 
+def test_the_currency_setting_names_every_amount_shown(
+    hold: Hold,
+    alice: User,
+    staff: User,
+    alice_client: Client,
+    settings,  # type: ignore[no-untyped-def]
+) -> None:
+    settings.CURRENCY = "EUR"
+    NotebookImage.objects.get_or_create(name="JupyterLab", defaults={"image": "x"})
+    ledger.grant_credit(alice, "17.10", by=staff, reason="course")
+    hold(alice, timedelta(minutes=2, seconds=10))
+    launch_form = alice_client.get(reverse("session-list")).content.decode()
+    assert "8.50 EUR/h, spot 3.40 EUR/h" in launch_form and "CNY" not in launch_form
+    page = alice_client.get(PAGE).content.decode()
+    assert "17.10 EUR" in page and "0.43 EUR" in page and "CNY" not in page
+
+
 def test_the_session_card_shows_its_cost_so_far(fleet: object, alice: User, alice_client: Client) -> None:
     image, _ = NotebookImage.objects.get_or_create(name="JupyterLab", defaults={"image": "x"})
     session = running_session(alice, image, H200_3G, "lab")

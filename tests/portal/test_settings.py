@@ -36,6 +36,9 @@ def run_check(tmp_path: Path, **env: str) -> subprocess.CompletedProcess[str]:
         ("PORTAL_EMAIL_BACKEND", "pigeon"),
         ("PORTAL_LOGIN_FAILURE_LIMIT", "0"),
         ("PORTAL_EMAIL_PORT", "twenty-five"),
+        ("PORTAL_CURRENCY", "yuan"),
+        ("PORTAL_BILLING_MIN_MINUTES", "ten"),
+        ("PORTAL_BILLING_GRACE_MINUTES", "-1"),
     ],
 )
 def test_a_bad_value_stops_start_up_with_the_variables_name(tmp_path: Path, name: str, value: str) -> None:
