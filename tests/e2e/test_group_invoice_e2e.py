@@ -85,5 +85,14 @@ def test_staff_bill_a_group_from_the_credit_page(portal_server: str, page: Page,
     row = page.get_by_test_id("billed-groups").get_by_role("row", name="chemistry")
     expect(row).to_contain_text("Department of Chemistry")
     page.screenshot(path=str(SCREENSHOTS / "billed-groups-page.png"), full_page=True)
+    row.get_by_role("button", name="Stop billing").click()  # no reason: the browser asks for one first
+    expect(page.get_by_test_id("billed-groups")).to_have_count(1)
+    row.get_by_label("Why stop billing chemistry").fill("the department pays by card now")
     row.get_by_role("button", name="Stop billing").click()
     expect(page.get_by_test_id("billed-groups")).to_have_count(0)
+    changes = page.get_by_test_id("billed-group-changes")
+    expect(changes.get_by_role("row", name="Billing stopped")).to_contain_text("the department pays by card now")
+    expect(changes.get_by_test_id("change-row")).to_have_count(2)  # billed, then stopped: who, when, why
+    expect(changes.get_by_test_id("change-row").last).to_contain_text("Department of Chemistry")
+    expect(changes.get_by_test_id("change-row").last).to_contain_text("charlie")
+    page.screenshot(path=str(SCREENSHOTS / "billed-groups-stopped.png"), full_page=True)
