@@ -172,6 +172,7 @@ def overview_tables(scope: Scope, per_day: list[dict[str, Any]]) -> list[Table]:
     fleet = reports.fleet_utilisation(scope, database_now())
     idle = reports.idle_spend(scope)
     negative = reports.negative_balances()
+    # Half-width tables in pairs, the wide ones (profiles, fleet, per day) on rows of their own.
     return [
         Table("users", "By person", ["Person", "Minutes", "Amount"], rows(users, ["username", *figures]), {2},
               [_drill(scope, user=r["user"]) for r in users]),
@@ -183,18 +184,18 @@ def overview_tables(scope: Scope, per_day: list[dict[str, Any]]) -> list[Table]:
               [_drill(scope, group=r["group"] or NO_GROUP) for r in groups]),
         Table("models", "By GPU model", ["GPU model", "Minutes", "Amount"], rows(models, ["model", *figures]), {2},
               [_drill(scope, model=r["model"]) for r in models]),
-        Table("profiles", "By profile", ["GPU model", "Kind", "Profile", "Minutes", "Amount"],
-              rows(profiles, ["model", "kind", "profile", *figures]), {4},
-              [_drill(scope, model=r["model"], kind=r["kind"], profile=r["profile"]) for r in profiles]),
         Table("markets", "On-demand and spot", ["Market", "Minutes", "Amount"],
               [[Market(r["market"]).label, r["minutes"], r["amount"]] for r in markets],
               {2}, [_drill(scope, market=r["market"]) for r in markets]),
+        Table("idle", "Idle spend by person", ["Person", "Idle minutes", "Amount"],
+              rows(idle, ["username", *figures]), {2}, [_drill(scope, user=r["user"], idle=1) for r in idle]),
+        Table("profiles", "By profile", ["GPU model", "Kind", "Profile", "Minutes", "Amount"],
+              rows(profiles, ["model", "kind", "profile", *figures]), {4},
+              [_drill(scope, model=r["model"], kind=r["kind"], profile=r["profile"]) for r in profiles]),
         Table("fleet", "Fleet utilisation: GPU-hours billed against the fleet's",
               ["GPU model", "GPUs", "GPU-hours billed", "GPU-hours available", "Utilisation %"],
               rows(fleet, ["model", "gpus", "billed_hours", "available_hours", "percent"]), set(),
               [_drill(scope, model=r["model"]) for r in fleet]),
-        Table("idle", "Idle spend by person", ["Person", "Idle minutes", "Amount"],
-              rows(idle, ["username", *figures]), {2}, [_drill(scope, user=r["user"], idle=1) for r in idle]),
         Table("negative", "Negative balances (now)", ["Person", "Balance"],
               rows(negative, ["username", "balance"]), {1}, [_drill(scope, user=r["user"]) for r in negative]),
         Table("per_day", "Revenue per day", ["Day", "Minutes", "Amount"], rows(per_day, ["day", *figures]), {2},
@@ -254,7 +255,7 @@ def entries_table(transactions: Any) -> Table:
     )
     rows = [
         [e.transaction_id, e.transaction.posted_at, e.transaction.get_kind_display(), e.transaction.memo,
-         str(e.account), e.amount]
+         f"wallet of {e.account.user.username}" if e.account.user else str(e.account), e.amount]
         for e in entries
     ]  # fmt: skip
     headers = ["Transaction", "Posted", "Kind", "Memo", "Account", "Amount"]

@@ -159,8 +159,9 @@ def _history(user: User, history: HistoryFilter) -> dict[str, object]:
     rows = sorted(charged + _not_yet_charged(unopened, {row.held.pk for row in charged}), key=_newest_first)
     total = sum((row.cost for row in rows), Decimal(0))
     days = _days(usages, rows)
+    shown = {key: data.get(key) or "" for key in ("start", "end", "kind", "model")}  # the inputs show what was used
     return {
-        "history": history,
+        "history": HistoryFilter(shown),
         "usages": [(row, money.shown(row.cost)) for row in rows[:HISTORY_ROWS]],
         "more_rows": len(rows) > HISTORY_ROWS,
         "not_yet_charged": any(not row.charged for row in rows[:HISTORY_ROWS]),

@@ -248,7 +248,7 @@ def test_drilling_down_a_person_lists_their_usages_and_the_ledger_entries(books:
     assert [row[0] for row in usages_table.rows] == [books.share.pk, books.old.pk]
     assert {row[0]: row[8] for row in usages_table.rows} == {books.share.pk: 3, books.old.pk: 11}
     # The share's minutes are still rows, so the transactions that charged them are listed, both sides.
-    wallet_lines = [row for row in entries_table.rows if row[4] == f"wallet of user {books.old.owner_id}"]
+    wallet_lines = [row for row in entries_table.rows if row[4] == "wallet of alice"]
     assert sum(row[5] for row in wallet_lines) == -amount(books.share, 3)
     assert sum(row[5] for row in entries_table.rows) == 0
     csv_table = csv_rows(client.get(reverse("billing-finance-usages"), {**query, "format": "csv", "table": "usages"}))
@@ -406,7 +406,7 @@ def test_the_idle_spend_figure_drills_down_to_the_usages_with_idle_minutes_and_t
     assert "5 idle minutes" in drill.content.decode()
     # The entries that charged the idle usages' minute rows (the spot's), never the share's.
     wallets = {row[4] for row in entries_table.rows if row[4].startswith("wallet")}
-    assert wallets == {f"wallet of user {books.spot.owner_id}"} and sum(row[5] for row in entries_table.rows) == 0
+    assert wallets == {"wallet of bob"} and sum(row[5] for row in entries_table.rows) == 0
 
     bobs = client.get(person_links["bob"]).context["tables"][0]
     assert [row[0] for row in bobs.rows] == [books.spot.pk]

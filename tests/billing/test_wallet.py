@@ -10,6 +10,7 @@ from django.contrib.auth.models import Group, User
 from django.core import mail
 from django.test import Client
 from django.urls import reverse
+from django.utils import timezone
 
 from billing import credit, ledger, meter
 from billing.models import Budget, BudgetAlert
@@ -65,6 +66,13 @@ def test_history_filters_by_kind_and_gpu(hold: Hold, alice: User) -> None:
     assert mig.count('data-testid="usage-row"') == 1 and "3g.71gb" in mig
     a30 = client.get(PAGE, {"model": "A30-24GB"}, HTTP_HX_REQUEST="true", HTTP_HX_TARGET="history").content.decode()
     assert a30.lstrip().startswith('<section aria-labelledby="history-heading"') and a30.count("usage-row") == 1
+
+
+def test_the_history_filters_show_the_range_and_kind_they_used(alice: User) -> None:
+    today = timezone.now().date()
+    page = client_of(alice).get(PAGE, {"kind": "mig"}).content.decode()
+    assert f'name="start" value="{today - timedelta(days=29)}"' in page and f'name="end" value="{today}"' in page
+    assert '<option value="mig" selected>' in page
 
 
 def test_a_range_backwards_is_refused_in_words(alice: User) -> None:

@@ -53,6 +53,7 @@ def test_finance_staff_see_the_chart_drill_down_to_minutes_and_download_a_csv(
     expect(page.get_by_role("heading", level=1)).to_have_text("Usages behind the figure")
     expect(page.get_by_test_id("drill-total")).to_have_text(f"6 minutes, {usage.per_minute * 6:.2f} CNY")
     page.screenshot(path=str(SCREENSHOTS / "finance-day-usages.png"), full_page=True)
+    assert page.evaluate("document.documentElement.scrollWidth <= window.innerWidth")  # nothing runs off the page
     page.locator('[data-table="usages"] tr', has_text="alice").get_by_role("link", name="Details").click()
     expect(page.get_by_role("heading", level=1)).to_have_text(f"Usage {usage.pk}")
     expect(page.locator('[data-table="minutes"] tbody tr')).to_have_count(6)
