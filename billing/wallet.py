@@ -232,6 +232,7 @@ def cost_context(held: Slice, found: credit.Running | None) -> dict[str, object]
         "held": held,
         "cost": money.shown(found.cost) if found else "—",
         "minutes": found.minutes if found else 0,
+        "priced": found is not None,
         "live": live,
         "delay": round(found.next_minute_in, 1) if found and live else 0,
     }

@@ -13,7 +13,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from billing import credit, ledger, meter
-from billing.models import Budget, BudgetAlert
+from billing.models import Budget, BudgetAlert, Price
 from billing.prices import database_now
 from sessions.gpus.allocator import holding_started
 from sessions.notebooks.models import NotebookImage
@@ -170,3 +170,10 @@ def django_capture_on_commit():  # type: ignore[no-untyped-def]
     from django.test import TestCase
 
     return TestCase.captureOnCommitCallbacks(execute=True)
+
+
+def test_a_holding_no_price_covers_says_it_is_not_billed(hold: Hold, alice: User) -> None:
+    Price.objects.filter(model_name="A100-SXM4-80GB", kind="whole").delete()  # no usage froze them yet
+    held = hold(alice, timedelta(minutes=2))
+    card = client_of(alice).get(reverse("billing-holding-cost", args=[held.pk])).content.decode()
+    assert "no price covers it: not billed" in card and "hx-get" not in card  # nothing to follow live
