@@ -1,5 +1,7 @@
-"""Money in Chromium: prices and the balance on the launch form, a session's cost rising on its card and on
-the billing page, the zero-balance warning arriving over the websocket, and staff adding credit."""
+"""Money in Chromium: prices and the balance on the launch form, a session started by clicking (the real hub,
+worker and Docker) with its cost on its card and the balance moving once the meter charges it, a session's cost
+rising on its card and on the billing page, the zero-balance warning arriving over the websocket, and staff
+adding credit."""
 
 from __future__ import annotations
 
@@ -10,9 +12,10 @@ import pytest
 from django.contrib.auth.models import User
 from playwright.sync_api import Page, expect
 
-from billing import credit, ledger, seeds
+from billing import credit, ledger, money, seeds
 from billing.models import Price
 from billing.prices import database_now
+from billing.tasks import charge_accrued
 from sessions.gpus.allocator import SliceRequest, holding_started
 from sessions.notebooks.models import NotebookImage, NotebookSession
 from tests.e2e.conftest import SCREENSHOTS, log_in
@@ -59,6 +62,46 @@ def test_prices_balance_and_a_cost_that_rises_live(
     expect(page.get_by_test_id("time-left")).to_contain_text("1 h 54 min")
     expect(page.get_by_role("heading", name="Invoices")).to_be_visible()
     page.screenshot(path=str(SCREENSHOTS / "billing-account-page.png"), full_page=True)
+
+
+@pytest.mark.hub
+@pytest.mark.docker
+@pytest.mark.celery
+def test_a_person_starts_a_priced_session_by_clicking_and_sees_its_cost_and_the_balance_move(
+    hub: str, page: Page, alice: User, staff: User, priced: NotebookImage
+) -> None:
+    ledger.grant_credit(alice, "17.10", by=staff, reason="course")
+    log_in(page, hub, "alice")
+    page.get_by_role("navigation", name="Main").get_by_role("link", name="Sessions").click()
+    offer = page.locator("table.offer-prices").get_by_role("row", name=re.compile("MIG 2g.35gb"))
+    expect(offer).to_contain_text("5.99 CNY")
+    expect(page.get_by_test_id("launch-balance")).to_have_text("17.10 CNY")
+    page.get_by_label("GPU slice").select_option("mig:H200-SXM5-141GB:2g.35gb")
+    page.get_by_label("Session name").fill("paid")
+    page.get_by_role("button", name="Start JupyterLab").click()
+    card = page.locator("article.session-card", has_text="paid")
+    expect(card.get_by_text("Running", exact=True)).to_be_visible(timeout=60_000)
+    session = NotebookSession.objects.get(owner=alice, server_name="paid")
+    assert session.slice is not None
+    rate = credit.per_minute_of(session.slice)
+    assert rate is not None
+    expect(card.get_by_test_id("cost")).to_have_text(money.shown(rate), timeout=15_000)  # its first minute
+
+    page.get_by_role("navigation", name="Main").get_by_role("link", name="Billing").click()
+    expect(page.get_by_test_id("balance")).to_have_text("17.10 CNY")
+    expect(page.get_by_test_id("burn")).to_have_text("5.99 CNY/h")
+    expect(page.get_by_test_id("not-yet-charged")).to_have_count(1)  # the history: its minutes so far
+    page.wait_for_timeout(1000)  # the notification socket is open
+    assert charge_accrued.delay().get(timeout=60)["minutes"] >= 1  # the worker's meter tick
+    charged = money.shown(ledger.balance(alice))
+    assert charged != "17.10 CNY"
+    expect(page.get_by_test_id("balance")).to_have_text(charged, timeout=10_000)  # moved, without a reload
+    expect(page.get_by_test_id("not-yet-charged")).to_have_count(0)  # and the history says it is charged
+    page.screenshot(path=str(SCREENSHOTS / "billing-balance-moved.png"), full_page=True)
+
+    page.get_by_role("navigation", name="Main").get_by_role("link", name="Sessions").click()
+    card.get_by_role("button", name="Stop").click()
+    expect(card.get_by_text("Stopped", exact=True)).to_be_visible(timeout=60_000)
 
 
 def test_the_zero_balance_warning_arrives_without_a_reload(
