@@ -110,6 +110,9 @@ class BillingPricing:
     def refusal(self, owner: User, request: SliceRequest, spot: bool) -> str | None:
         return credit.launch_refusal(owner, per_minute(request, Market.SPOT if spot else Market.ON_DEMAND), spot)
 
+    def costs_so_far(self, holdings: Sequence[Slice]) -> dict[int, Decimal]:
+        return {slice_id: found.cost for slice_id, found in credit.running_costs(holdings).items()}
+
 
 def _hourly(rate: Decimal | None) -> str:
     return "—" if rate is None else money.shown(rate * money.MINUTES_PER_HOUR)

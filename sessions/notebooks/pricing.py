@@ -15,6 +15,7 @@ from typing import Protocol
 from django.contrib.auth.models import User
 
 from sessions.gpus.allocator import SliceRequest
+from sessions.gpus.models import Slice
 
 
 @dataclass(frozen=True)
@@ -50,6 +51,12 @@ class Pricing(Protocol):
         """Why this launch may not start for money reasons, in words; None if it may."""
         ...
 
+    def costs_so_far(self, holdings: Sequence[Slice]) -> dict[int, Decimal]:
+        """What each begun holding (by slice id, its GPU loaded) has cost so far: each started minute at the
+        rate the meter freezes on it, by the database's clock, as the meter charges it. Holdings no price
+        covers are left out."""
+        ...
+
 
 class Unpriced:
     def prices(self, owner: User, requests: Sequence[SliceRequest]) -> dict[SliceRequest, OfferPrice]:
@@ -63,6 +70,9 @@ class Unpriced:
 
     def refusal(self, owner: User, request: SliceRequest, spot: bool) -> str | None:
         return None
+
+    def costs_so_far(self, holdings: Sequence[Slice]) -> dict[int, Decimal]:
+        return {}
 
 
 _registered: list[Pricing] = [Unpriced()]

@@ -5,8 +5,8 @@ time per frame, the time left, the cost so far, the latest thumbnail and the end
 the running chunk knows (the sample reached, the log tail) and pushes, at most a few times a second, through
 ``portal.push.render_progress``; the log tail it pushes is also kept in the cache, so a page loaded between
 two pushes shows it at once (once no chunk runs, the last chunk's own excerpt stands in). Cost so far is each
-of the job's slices' started minutes, from its recorded holding, at that slice's rate now (the pricing seam
-billing fills); the meter charges the same minutes.
+of the job's slices' started minutes, from its recorded holding, at the rate the meter freezes on it (the
+pricing seam billing fills); the meter charges the same minutes at the same rate.
 """
 
 from __future__ import annotations
@@ -26,7 +26,6 @@ from django.urls import NoReverseMatch, reverse
 from django.utils import timezone
 
 from portal import push
-from sessions.gpus.allocator import SliceRequest
 from sessions.gpus.holders import HolderKind
 from sessions.gpus.models import Slice
 from sessions.notebooks import pricing
@@ -43,29 +42,26 @@ def slices_of(job_id: int) -> Any:
     return Slice.objects.filter(holder_kind=HolderKind.RENDER, holder_id=job_id)
 
 
-def cost_so_far(job: RenderJob, now: datetime | None = None) -> Decimal | None:
-    """Each started minute of each slice the job held or holds, at its offer's rate; None if unpriced."""
-    return costs_so_far([job.pk], now).get(job.pk)
+def cost_so_far(job: RenderJob) -> Decimal | None:
+    """Each started minute of each slice the job held or holds, at its frozen rate; None if unpriced."""
+    return costs_so_far([job.pk]).get(job.pk)
 
 
-def costs_so_far(job_ids: Iterable[int], now: datetime | None = None) -> dict[int, Decimal | None]:
-    """``cost_so_far`` of many jobs at once (the jobs list): one look at their slices, and one rate per offer
-    however many jobs share it. A job without a priced holding maps to None."""
-    now = now or timezone.now()
+def costs_so_far(job_ids: Iterable[int]) -> dict[int, Decimal | None]:
+    """``cost_so_far`` of many jobs at once (the jobs list), in a fixed number of queries: one look at their
+    slices, then the pricing seam's cost of each holding (the rate the meter freezes on it, each started
+    minute by the database's clock). A job without a priced holding maps to None."""
     ids = list(job_ids)
-    rates: dict[tuple[SliceRequest, str], Decimal | None] = {}
     totals: dict[int, Decimal | None] = dict.fromkeys(ids)
-    held_slices = Slice.objects.filter(holder_kind=HolderKind.RENDER, holder_id__in=ids, held_from__isnull=False)
-    for held in held_slices.select_related("gpu").order_by("pk"):
-        request = SliceRequest(held.kind, held.profile, held.gpu.model_name, market=held.market)
-        if (request, held.market) not in rates:
-            rates[request, held.market] = pricing.current().per_minute(request, held.market)
-        rate = rates[request, held.market]
-        if rate is None or held.holder_id is None:
-            continue
-        assert held.held_from is not None
-        seconds = ((held.held_until or now) - held.held_from).total_seconds()
-        totals[held.holder_id] = (totals[held.holder_id] or Decimal(0)) + rate * max(1, math.ceil(seconds / 60))
+    held = list(
+        Slice.objects.filter(holder_kind=HolderKind.RENDER, holder_id__in=ids, held_from__isnull=False)
+        .select_related("gpu__host")
+        .order_by("pk")
+    )
+    costs = pricing.current().costs_so_far(held)
+    for holding in held:
+        if holding.pk in costs and holding.holder_id is not None:
+            totals[holding.holder_id] = (totals[holding.holder_id] or Decimal(0)) + costs[holding.pk]
     return totals
 
 

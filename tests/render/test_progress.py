@@ -175,3 +175,28 @@ def tail_shown(page: str) -> str:
     found = re.search(r'<pre data-field="log_tail"[^>]*>(.*?)</pre>', page, re.S)
     assert found, "the page has the log tail's region"
     return html.unescape(found.group(1))
+
+
+def test_the_cost_so_far_keeps_the_rate_in_force_when_the_slice_was_first_held(
+    alice: User,
+    staff: User,
+    settings,  # type: ignore[no-untyped-def]
+) -> None:
+    """A price changed while a job renders reprices nothing: the page shows what the meter charges."""
+    from billing.models import Market
+    from billing.prices import PriceKey, add_price, database_now
+    from tests.gpus.conftest import use_fleet
+
+    seeds.ensure(Price)
+    use_fleet(settings, "r: 1xH200:mig")
+    job = a_job(alice, [1, 2])
+    began = database_now() - timedelta(seconds=90)
+    held = allocate(alice, SliceRequest("mig", "1g.18gb", "H200"), holder=Holder.render(job.pk))
+    holding_ended(held.pk, began, began + timedelta(seconds=61))  # two started minutes
+    rate = per_minute(SliceRequest("mig", "1g.18gb", "H200"), "on_demand")
+    assert rate is not None
+
+    add_price(PriceKey("H200-SXM5-141GB", "mig", "1g.18gb", Market.ON_DEMAND), "600", database_now(), by=staff)
+
+    assert per_minute(SliceRequest("mig", "1g.18gb", "H200"), "on_demand") == Decimal(10), "the new price is in force"
+    assert progress.cost_so_far(job) == 2 * rate
