@@ -61,30 +61,23 @@ def route(name: str, args: Any, kwargs: Any, options: Any, task: Any = None, **e
 
 app.conf.task_routes = (route,)
 
+# No entry carries an expiry: beat stamps it by its own clock and the worker reads it by its own, so a worker
+# a minute ahead would drop every one (no charge, no stop at zero, no spot preempted, no render reconciled).
+# Every task here is idempotent: those queued while the worker was down run when it is back, the first does
+# what is due and the rest find nothing new (billing's ticks return at once beside another: the meter's
+# try-lock).
 app.conf.beat_schedule = {
     "portal-heartbeat": {"task": "portal.tasks.record_heartbeat", "schedule": 60.0},
     "sync-gpus": {"task": "sessions.gpus.tasks.sync_gpus", "schedule": 300.0},
     "reconcile-sessions": {"task": "sessions.notebooks.tasks.reconcile_sessions", "schedule": 20.0},
     "cull-idle-sessions": {"task": "sessions.notebooks.tasks.cull_idle_sessions", "schedule": 60.0},
-    "preempt-due-spot": {
-        "task": "sessions.notebooks.tasks.preempt_due_spot",
-        "schedule": 15.0,
-        "options": {"expires": 14},
-    },
+    "preempt-due-spot": {"task": "sessions.notebooks.tasks.preempt_due_spot", "schedule": 15.0},
     "prune-gpu-history": {"task": "sessions.metrics.tasks.prune_gpu_history", "schedule": 3600.0},
     "render-orphan-uploads": {"task": "sessions.render.tasks.remove_orphan_uploads", "schedule": 3600.0},
     # Ended render jobs' files, PORTAL_RENDER_RETENTION_DAYS after they ended (their records stay).
     "render-retention": {"task": "sessions.render.tasks.remove_expired_render_files", "schedule": 3600.0},
     # Frees what a crashed render left (slices, containers) and puts chunks whose container is gone back.
-    "reconcile-render-jobs": {
-        "task": "sessions.render.tasks.reconcile_render_jobs",
-        "schedule": 30.0,
-        "options": {"expires": 25},
-    },
-    # No expiry on billing's ticks: beat stamps it by its own clock and the worker reads it by its own, so a
-    # worker a minute ahead would drop every one and running sessions would never be charged or stopped at
-    # zero. Ticks queued while the worker was down run when it is back: the first charges all that is due,
-    # those beside it return at once (the meter's try-lock), the rest find nothing new.
+    "reconcile-render-jobs": {"task": "sessions.render.tasks.reconcile_render_jobs", "schedule": 30.0},
     "billing-minute": {"task": "billing.tasks.charge_accrued", "schedule": 60.0},
     "billing-fold-minutes": {"task": "billing.tasks.fold_minutes", "schedule": 3600.0},
     "billing-credit": {"task": "billing.tasks.check_credit", "schedule": 30.0},

@@ -35,6 +35,14 @@ def test_the_beat_schedule_sends_the_heartbeat_every_minute() -> None:
     assert "portal.tasks.record_heartbeat" in app.tasks
 
 
+def test_no_beat_entry_carries_an_expiry_a_worker_whose_clock_runs_ahead_would_misread() -> None:
+    """Beat stamps an expiry by its clock and the worker checks it by its own: a worker ahead drops them all."""
+    from portal.celery import app
+
+    expiring = [name for name, entry in app.conf.beat_schedule.items() if "expires" in entry.get("options", {})]
+    assert expiring == []
+
+
 @pytest.mark.celery
 def test_the_worker_finds_every_task_beat_sends_and_the_start_the_services_enqueue(celery_worker: str) -> None:
     """Tasks live beside their services (sessions/notebooks/tasks.py ...): the worker process must find
