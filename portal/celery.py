@@ -6,7 +6,9 @@ imports every such module of the project's own apps. The beat schedule lives
 here and only here (issues add entries to it).
 """
 
+import logging
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -15,9 +17,12 @@ from celery.schedules import crontab
 from celery.signals import worker_ready
 from django.apps import apps
 from django.conf import settings
+from django.db import transaction
+from kombu.exceptions import OperationalError as BrokerError
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "portal.settings")
 ROOT = Path(__file__).resolve().parents[1]
+log = logging.getLogger(__name__)
 
 app = Celery("portal")
 app.config_from_object("django.conf:settings", namespace="CELERY")
@@ -60,6 +65,34 @@ def route(name: str, args: Any, kwargs: Any, options: Any, task: Any = None, **e
 
 
 app.conf.task_routes = (route,)
+
+
+def send(name: str, *args: int, noted: Callable[[], object] | None = None, **options: Any) -> None:
+    """Hand a task to the broker now (raising if it does not answer); once it took it, ``noted`` records so."""
+    app.send_task(name, args=list(args), **options)
+    if noted is not None:
+        noted()
+
+
+def send_on_commit(name: str, *args: int, noted: Callable[[], object] | None = None, **options: Any) -> None:
+    """Send a task once the step that asks for it commits (at once outside a transaction).
+
+    A broker that does not answer is logged and never undoes the step, nor turns the request into an error
+    page. Each task sent so has something that sends it again when it was lost (reconciliation, a sweep, the
+    next tick); ``noted`` records that the broker took it, for those that need to know.
+    """
+
+    def deliver() -> None:
+        try:
+            app.send_task(name, args=list(args), **options)
+        except BrokerError as error:  # anything else is logged by robust=True, and the step stands all the same
+            log.error("task %s%s was not sent (%s); the step stands, to be sent again later", name, list(args), error)
+            return
+        if noted is not None:
+            noted()
+
+    transaction.on_commit(deliver, robust=True)
+
 
 # No entry carries an expiry: beat stamps it by its own clock and the worker reads it by its own, so a worker
 # a minute ahead would drop every one (no charge, no stop at zero, no spot preempted, no render reconciled).

@@ -23,7 +23,7 @@ from django.contrib.auth.models import User
 from django.db import transaction
 from django.utils import timezone
 
-from portal.celery import app as celery_app
+from portal.celery import send, send_on_commit
 from sessions.gpus import catalog
 from sessions.gpus.allocator import (
     AllocationRefused,
@@ -90,12 +90,6 @@ def locked(job_id: int) -> RenderJob:
     return RenderJob.objects.select_for_update().get(pk=job_id)
 
 
-def _send(task: str, *args: int) -> None:
-    """Send a task once the step commits. A broker that does not answer is logged and never undoes the step
-    (nor turns the request into an error page); reconciliation sends what was lost again."""
-    transaction.on_commit(lambda: celery_app.send_task(task, args=list(args)), robust=True)
-
-
 def render_settings(job: RenderJob, taken: Slice) -> RenderSettings:
     return RenderSettings(
         samples=job.samples,
@@ -121,7 +115,7 @@ def request_estimate(job_id: int) -> RenderJob:
             return job
         job.estimate_sent_at = None
         job.save(update_fields=[*job.move(State.ESTIMATING), "estimate_sent_at"])
-        transaction.on_commit(lambda: send_estimate(job_id), robust=True)
+        send_on_commit(ESTIMATE_JOB, job_id, noted=lambda: _probe_heard_of(job_id))
         progress.announce(job)
     return job
 
@@ -129,8 +123,7 @@ def request_estimate(job_id: int) -> RenderJob:
 def send_estimate(job_id: int) -> None:
     """Hand the probe's task to the broker, and note when. A send never noted was lost (the broker did not
     answer): reconciliation sends it again."""
-    celery_app.send_task(ESTIMATE_JOB, args=[job_id])
-    _probe_heard_of(job_id)
+    send(ESTIMATE_JOB, job_id, noted=lambda: _probe_heard_of(job_id))
 
 
 def resume_estimate(job_id: int) -> None:
@@ -316,7 +309,7 @@ def confirm(job_id: int, by: User) -> RenderJob:
         job.save(update_fields=job.move(State.QUEUED))
         RenderFrame.objects.bulk_create([RenderFrame(job=job, number=number) for number in job.frames])
         _add_chunks(job, list(job.frames), first_index=0)
-        _send(DISPATCH_JOB, job_id)
+        send_on_commit(DISPATCH_JOB, job_id)
         progress.announce(job)
     return job
 
@@ -347,7 +340,7 @@ def requeue_failed(job_id: int) -> RenderJob:
         job.frame_results.filter(number__in=missing).update(state=FrameState.PENDING)
         last = job.chunks.order_by("-index").values_list("index", flat=True).first()
         _add_chunks(job, sorted(missing), first_index=(last or 0) + 1)
-        _send(DISPATCH_JOB, job_id)
+        send_on_commit(DISPATCH_JOB, job_id)
         progress.announce(job)
     return job
 
@@ -378,7 +371,7 @@ def dispatch(job_id: int) -> int:
             log.info("render job %s waits for a slice: %s", job_id, refused.reason)
             break
     for taken in idle:
-        celery_app.send_task(WORK_ON_SLICE, args=[job_id, taken.pk])
+        send(WORK_ON_SLICE, job_id, taken.pk)
     return len(idle)
 
 
@@ -390,7 +383,7 @@ def end_holding(slice_id: int, since: datetime | None, until: datetime | None, r
         since = taken.held_from or since
         if since is not None:
             holding_ended(slice_id, since, until or timezone.now())
-            transaction.on_commit(lambda: celery_app.send_task(CHARGE_HOLDING, args=[slice_id]), robust=True)
+            send_on_commit(CHARGE_HOLDING, slice_id)  # lost, the next tick charges it
         if taken.released_at is None:  # locked: no other release gets between
             release(slice_id, reason=reason)
 
