@@ -74,6 +74,9 @@ class PortalSpawner(DockerSpawner):
     def load_state(self, state: dict[str, Any]) -> None:
         super().load_state(state)
         self.session_id = int(state.get("session_id", 0))
+        # As the launch spec set it (``_apply``): a hub restarted since must still remove the container it stops.
+        if self.session_id:
+            self.remove = True
         if "port" in state:
             self.port, self.network_name = int(state["port"]), str(state.get("network", self.network_name))
             self.use_internal_ip = self.network_name != HOST_NETWORK
