@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import socket
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -34,6 +34,7 @@ class ServerStatus:
     pending: str | None
     url: str
     last_activity: str | None
+    options: dict[str, Any] = field(default_factory=dict)  # the user_options it was started with
 
 
 def _check_hub_address(api_url: str, what: str) -> None:
@@ -50,6 +51,13 @@ def _check_hub_address(api_url: str, what: str) -> None:
                 f"could not reach JupyterHub to {what}: {network.gateway} is not an address of this host; "
                 "create the user network first (manage.py ensure_user_network)"
             ) from None
+
+
+def _status(server: dict[str, Any]) -> ServerStatus:
+    options = server.get("user_options") or {}
+    return ServerStatus(
+        bool(server.get("ready")), server.get("pending"), server.get("url", ""), server.get("last_activity"), options
+    )
 
 
 class Hub:
@@ -76,11 +84,24 @@ class Hub:
         self._call("POST", f"/users/{name}", f"create {name}", (201, 409))
 
     def start_server(self, user: str, server: str, options: dict[str, Any]) -> None:
-        """Start a named server, making the person in the hub first if the hub does not know them yet."""
+        """Start a named server, making the person in the hub first if the hub does not know them yet.
+
+        Asking again for a server the hub already starts or runs with these same options is no error: the
+        hub answers 202 while it spawns, but 400 once it runs, and a second ask (a start task sent twice)
+        must not read as a refusal. A server of that name started with other options is one.
+        """
         body, path, what = {"user_options": options}, f"/users/{user}/servers/{server}", f"start {user}/{server}"
-        if self._call("POST", path, what, (201, 202, 404), json=body).status_code == 404:
+        response = self._call("POST", path, what, (201, 202, 400, 404), json=body)
+        if response.status_code == 404:
             self.ensure_user(user)
-            self._call("POST", path, what, (201, 202), json=body)
+            response = self._call("POST", path, what, (201, 202, 400), json=body)
+        if response.status_code == 400 and not self.started_with(user, server, options):
+            raise HubError(f"JupyterHub refused to {what}: HTTP 400 {response.text[:300]}")
+
+    def started_with(self, user: str, server: str, options: dict[str, Any]) -> bool:
+        """The hub spawns or runs this named server, started with these options."""
+        status = self.servers(user).get(server)
+        return status is not None and status.options == options and (status.ready or status.pending == "spawn")
 
     def stop_server(self, user: str, server: str) -> None:
         what = f"stop {user}/{server}"
@@ -91,10 +112,7 @@ class Hub:
         if response.status_code == 404:
             return {}
         found = response.json().get("servers", {})
-        return {
-            name: ServerStatus(bool(s.get("ready")), s.get("pending"), s.get("url", ""), s.get("last_activity"))
-            for name, s in found.items()
-        }
+        return {name: _status(server) for name, server in found.items()}
 
     def progress(self, user: str, server: str, timeout: float = 120) -> list[dict[str, Any]]:
         """The spawn progress stream of a starting server, read to its end (ready or failed).

@@ -104,6 +104,18 @@ class NotebookSession(models.Model):
     failure_message = models.TextField(blank=True, help_text="What its owner is told, in words.")
     failure_detail = models.TextField(blank=True, help_text="The technical cause, for operators only.")
     container_id = models.CharField(max_length=80, blank=True)
+    start_sent_at = models.DateTimeField(
+        null=True,
+        blank=True,
+        help_text="When its start's task last reached the broker or last ran; empty: never (the broker did not "
+        "answer), so reconciliation sends it again.",
+    )
+    stop_sent_at = models.DateTimeField(
+        null=True,
+        blank=True,
+        help_text="When the hub last took the request to stop its server; empty: it has not (it did not answer), "
+        "so reconciliation asks again.",
+    )
     last_activity = models.DateTimeField(null=True, blank=True)
     idle_exempt = models.BooleanField(default=False, help_text="Staff: never stop this session for being idle.")
     warned_at = models.DateTimeField(null=True, blank=True, help_text="When its owner was told it will be stopped.")

@@ -3,29 +3,42 @@
 The portal's rows are the truth about money and slices, Docker's containers
 the truth about what runs. A session whose container died or was removed by
 hand ends (its slice freed, the moment recorded); a container or slice that
-belongs to no running session is cleaned up. Safe to run at any time, often.
+belongs to no running session is cleaned up. A start whose task was lost (a
+broker that did not answer) is sent again, and a stop the hub did not take is
+asked again. Safe to run at any time, often.
 """
 
 from __future__ import annotations
 
 import logging
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.utils import timezone
+from kombu.exceptions import OperationalError as BrokerError
 
 from sessions.gpus.allocator import ReleaseRefused, release
 from sessions.gpus.backends import BackendError
 from sessions.gpus.holders import HolderKind
 from sessions.gpus.models import Slice
+from sessions.notebooks.hub import Hub, HubError
 from sessions.notebooks.models import NotebookSession
-from sessions.notebooks.services import ContainerEnd, container_ended, fail
+from sessions.notebooks.services import ContainerEnd, ask_hub_to_stop, container_ended, fail, send_start_again
 from sessions.runtime.docker import DockerRuntime
 from sessions.runtime.isolation import repair
 
 log = logging.getLogger(__name__)
 # A start may wait this long for the hub (PORTAL_HUB_START_PATIENCE_SECONDS); past it plus a margin, it never will.
 START_MARGIN = timedelta(minutes=2)
+# A start's task is sent as its session commits: one not noted as sent this long after the session got its
+# slice never reached the broker.
+START_SEND_GRACE = timedelta(seconds=20)
+# The task notes each run (every 30 s at most while the hub is silent); once the hub took the start, its
+# container appears within seconds. One not heard of this long, with no container, was lost.
+START_SILENCE = timedelta(minutes=2)
+# The hub stops a server within seconds of taking the request: a container still running this long after was
+# forgotten (the hub restarted mid-stop, say).
+STOP_SILENCE = timedelta(minutes=2)
 NEVER_STARTED = (
     "The session never started: its container did not appear. Try again; if it keeps happening, tell an operator."
 )
@@ -34,11 +47,11 @@ State = NotebookSession.State
 
 def reconcile(runtime: DockerRuntime | None = None) -> dict[str, int]:
     runtime = runtime or DockerRuntime()
-    counts = {"ended": 0, "failed": 0, "containers_removed": 0, "slices_released": 0}
+    counts = {"ended": 0, "failed": 0, "starts_sent": 0, "stops_sent": 0, "containers_removed": 0, "slices_released": 0}
     # First, since a container must never run unfenced: a Docker restart or an operator may flush rules.
     counts["firewall_repaired"] = int(repair(runtime=runtime))
     active = NotebookSession.objects.filter(state__in=[State.STARTING, State.RUNNING, State.STOPPING])
-    for session in active.select_related("slice"):
+    for session in active.select_related("slice", "owner"):
         try:
             outcome = _check(session, runtime)
         except BackendError as error:  # its slice could not be freed: try again next time, go on with the rest
@@ -57,16 +70,56 @@ def reconcile(runtime: DockerRuntime | None = None) -> dict[str, int]:
 def _check(session: NotebookSession, runtime: DockerRuntime) -> str:
     found = runtime.container_state(session.pk)
     if session.state == State.STARTING:
-        limit = timedelta(seconds=settings.HUB_START_PATIENCE_SECONDS) + START_MARGIN
-        if found is None and timezone.now() - session.start_clock > limit:
-            fail(session.pk, NEVER_STARTED, detail=f"no container after {limit}", forget=True)
-            return "failed"
-        return "ok"
+        return "ok" if found is not None else _check_start(session)
     if found is not None and found.running:
-        return "ok"
+        return _check_stop(session) if session.state == State.STOPPING else "ok"
     end = ContainerEnd() if found is None else ContainerEnd(found.finished_at, found.exit_code, found.oom_killed)
     container_ended(session.pk, end)
     return "ended"
+
+
+def _check_start(session: NotebookSession) -> str:
+    """A starting session with no container: failed once the hub's patience is past; its start sent again when
+    its task was lost and the hub has no server of that name (a second start of one server starts one)."""
+    now = timezone.now()
+    limit = timedelta(seconds=settings.HUB_START_PATIENCE_SECONDS) + START_MARGIN
+    if now - session.start_clock > limit:
+        fail(session.pk, NEVER_STARTED, detail=f"no container after {limit}", forget=True)
+        return "failed"
+    if not _start_lost(session, now) or _at_hub(session):
+        return "ok"
+    try:
+        send_start_again(session.pk)
+    except BrokerError as error:  # still not answering: the next round tries again
+        log.error("session %s: could not send its start again: %s", session.pk, error)
+        return "errors"
+    return "starts_sent"
+
+
+def _start_lost(session: NotebookSession, now: datetime) -> bool:
+    """Its start never reached the broker, or has not been heard of for long."""
+    if session.start_sent_at is None:
+        return now - session.start_clock > START_SEND_GRACE
+    return now - session.start_sent_at > START_SILENCE
+
+
+def _at_hub(session: NotebookSession) -> bool:
+    """The hub has a server of the session's name: its start is under way (or an earlier one of that name
+    still stops). A hub that does not answer cannot say: the start is sent, and its task waits for the hub."""
+    try:
+        return session.server_name in Hub().servers(session.owner.get_username())
+    except HubError as error:
+        log.warning("session %s: could not ask the hub for its server: %s", session.pk, error)
+        return False
+
+
+def _check_stop(session: NotebookSession) -> str:
+    """A stopping session whose container still runs: the hub is asked again if it never took the stop (it
+    did not answer) or took it long ago. Its charges run until the container is gone, and end at that moment."""
+    taken = session.stop_sent_at
+    if taken is not None and timezone.now() - taken < STOP_SILENCE:
+        return "ok"
+    return "stops_sent" if ask_hub_to_stop(session) else "errors"
 
 
 def _release_orphan_slices() -> int:

@@ -17,7 +17,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from portal import push
-from portal.celery import app as celery_app
+from portal.celery import send, send_on_commit
 from portal.roles import can_launch, launch_refusal
 from sessions import access
 from sessions.gpus.allocator import (
@@ -121,12 +121,15 @@ def start_session(owner: User, launch: Launch) -> NotebookSession:
 
 
 def _start_on(session: NotebookSession, taken: Slice, message: str) -> None:
-    """The session has its slice: it is starting, its owner's pages hear so, and the hub is asked after commit."""
+    """The session has its slice: it is starting, its owner's pages hear so, and its start's task is sent once
+    this commits. A broker that does not answer then leaves it starting, its start never noted as sent, and
+    the launch lands on the sessions page all the same; reconciliation sends the start again."""
     session.slice, session.state, session.progress = taken, State.STARTING, 10
     session.progress_message, session.progress_at = message, timezone.now()
     session.save(update_fields=["slice", "state", "progress", "progress_message", "progress_at"])
     _announce(session)
-    transaction.on_commit(lambda: _enqueue_start(session.pk))
+    session_id = session.pk
+    send_on_commit(START_NOTEBOOK, session_id, noted=lambda: _start_heard_of(session_id))
 
 
 def _waiting_for_spot(session: NotebookSession, due: datetime) -> NotebookSession:
@@ -153,8 +156,15 @@ def _check_session_limits(owner: User, server_name: str) -> None:
         raise LaunchRefused(f"You have {settings.MAX_SESSIONS_PER_USER} sessions, your limit; stop one first.")
 
 
-def _enqueue_start(session_id: int) -> None:
-    celery_app.send_task(START_NOTEBOOK, args=[session_id])
+def send_start_again(session_id: int) -> None:
+    """Reconciliation's part: hand a starting session's lost start to the broker (raising if it does not
+    answer), and note that it got there. A start asked twice starts one server (``Hub.start_server``)."""
+    send(START_NOTEBOOK, session_id, noted=lambda: _start_heard_of(session_id))
+
+
+def _start_heard_of(session_id: int) -> None:
+    """Its start's task reached the broker, or runs (each try while the hub is silent): it is not lost."""
+    NotebookSession.objects.filter(pk=session_id, state=State.STARTING).update(start_sent_at=timezone.now())
 
 
 def ask_hub_to_start(session_id: int, attempt: int = 0) -> float | None:
@@ -167,6 +177,7 @@ def ask_hub_to_start(session_id: int, attempt: int = 0) -> float | None:
     session = NotebookSession.objects.select_related("owner").get(pk=session_id)
     if session.state != State.STARTING:
         return None
+    _start_heard_of(session.pk)
     try:
         Hub().start_server(session.owner.get_username(), session.server_name, {"session": session.pk})
     except HubUnavailable as error:
@@ -234,7 +245,9 @@ def record_event(
 
 
 def stop_session(session_id: int, by: User | None, reason: str = NotebookSession.EndReason.USER) -> NotebookSession:
-    """Mark the session stopping and ask the hub to stop its server; the end is recorded when it is gone.
+    """Mark the session stopping and, once that commits, ask the hub to stop its server; the end is recorded
+    when its container is gone, and charged to that moment. A hub that does not answer leaves it stopping, the
+    stop not noted as taken: reconciliation asks again (``ask_hub_to_stop``).
 
     ``by`` is the person asking (see ``sessions.access``); None means the portal itself (culling, credit).
     An operator ending someone else's session is recorded as such, so its owner reads who stopped it.
@@ -251,14 +264,23 @@ def stop_session(session_id: int, by: User | None, reason: str = NotebookSession
             spot.give_up(session.pk)
             session.ended_reason = reason
             return _end(session, reason)
-        session.state, session.ended_reason = State.STOPPING, reason
-        session.save(update_fields=["state", "ended_reason"])
+        session.state, session.ended_reason, session.stop_sent_at = State.STOPPING, reason, None
+        session.save(update_fields=["state", "ended_reason", "stop_sent_at"])
         _announce(session)
+        transaction.on_commit(lambda: ask_hub_to_stop(session), robust=True)
+    return session
+
+
+def ask_hub_to_stop(session: NotebookSession) -> bool:
+    """Ask the hub to stop a stopping session's server (asking again is harmless), and note that it took the
+    request; returns whether it did. The session ends when its container is gone, reconciliation sees to it."""
     try:
         Hub().stop_server(session.owner.get_username(), session.server_name)
     except HubError as error:
         log.warning("stopping %s: %s", session, error)
-    return session
+        return False
+    NotebookSession.objects.filter(pk=session.pk, state=State.STOPPING).update(stop_sent_at=timezone.now())
+    return True
 
 
 def preempt_spot(reclaim_id: int) -> NotebookSession | None:
@@ -301,7 +323,7 @@ def fail(session_id: int, message: str, detail: str = "", forget: bool = False) 
         session = NotebookSession.objects.select_for_update().get(pk=session_id)
         ended = _failed(session, message, detail)
         if forget:
-            transaction.on_commit(lambda: _forget_server(session_id))
+            transaction.on_commit(lambda: _forget_server(session_id), robust=True)
     return ended
 
 
@@ -341,7 +363,7 @@ def container_ended(session_id: int, end: ContainerEnd) -> NotebookSession:
     with transaction.atomic():
         session = NotebookSession.objects.select_for_update().get(pk=session_id)
         ended = _container_ended(session, end)
-        transaction.on_commit(lambda: _forget_server(session_id))
+        transaction.on_commit(lambda: _forget_server(session_id), robust=True)
     return ended
 
 
@@ -367,7 +389,7 @@ def _died_at(session: NotebookSession) -> datetime | None:
 
 def _charge_to_the_end(slice_id: int) -> None:
     """Have billing charge the ended holding's last minute now; if this is lost, the next tick does it."""
-    transaction.on_commit(lambda: celery_app.send_task(CHARGE_HOLDING, args=[slice_id]), robust=True)
+    send_on_commit(CHARGE_HOLDING, slice_id)
 
 
 def _forget_server(session_id: int) -> None:

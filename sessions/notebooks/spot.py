@@ -19,7 +19,7 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from portal import push
-from portal.celery import app as celery_app
+from portal.celery import send_on_commit
 from sessions.gpus.allocator import AllocationRefused, SliceRequest, allocate, reclaimable, release, take_turn
 from sessions.gpus.holders import Holder, HolderKind
 from sessions.gpus.models import Reclaim, Slice
@@ -70,8 +70,8 @@ def wait_for_spot(session: NotebookSession, request: SliceRequest) -> datetime |
     except IntegrityError:
         return None
     _notice(taken, now, due)
-    grace = int(settings.SPOT_GRACE_SECONDS)
-    transaction.on_commit(lambda: celery_app.send_task(PREEMPT_SPOT, args=[reclaim.pk], countdown=grace), robust=True)
+    # Lost with a broker that does not answer, it is made up for by beat's sweep (``preempt_due_spot``).
+    send_on_commit(PREEMPT_SPOT, reclaim.pk, countdown=int(settings.SPOT_GRACE_SECONDS))
     return due
 
 

@@ -99,3 +99,26 @@ def test_a_start_with_no_container_fails_only_once_its_slice_has_waited_the_hubs
     assert _check(NotebookSession.objects.get(pk=handed.pk), DockerRuntime()) == "failed"
     handed.refresh_from_db()
     assert handed.state == NotebookSession.State.FAILED and handed.failure_message == NEVER_STARTED
+
+
+def test_a_start_counts_as_lost_when_it_never_reached_the_broker_for_a_while_or_went_silent_for_long(
+    settings,
+    alice: User,
+    notebook_image,  # type: ignore[no-untyped-def]
+) -> None:
+    """Never sent: a short grace after the session got its slice (its send may be under way). Sent: it is
+    heard of while it runs and each time it asks the hub again; silence is what tells it was lost."""
+    from datetime import timedelta
+
+    from sessions.notebooks.reconcile import START_SEND_GRACE, START_SILENCE, _start_lost
+    from sessions.notebooks.services import Launch, start_session
+
+    # Nothing is sent: the start goes after a commit this test's transaction never makes.
+    session = start_session(alice, Launch(SliceRequest("mig", "1g.18gb"), notebook_image.pk, "unsent"))
+    assert session.start_sent_at is None and session.slice is not None
+    got_slice, second = session.slice.allocated_at, timedelta(seconds=1)
+    assert not _start_lost(session, got_slice + START_SEND_GRACE - second)
+    assert _start_lost(session, got_slice + START_SEND_GRACE + second)
+    session.start_sent_at = got_slice + START_SEND_GRACE
+    assert not _start_lost(session, session.start_sent_at + START_SILENCE - second)
+    assert _start_lost(session, session.start_sent_at + START_SILENCE + second)
