@@ -8,7 +8,7 @@ from dataclasses import dataclass, replace
 from django.contrib.auth.models import User
 
 from sessions.gpus import catalog
-from sessions.gpus.allocator import SliceRequest, gpu_capacity
+from sessions.gpus.allocator import SliceRequest, capacities
 from sessions.gpus.models import Gpu
 from sessions.notebooks import pricing
 from sessions.notebooks.pricing import OfferPrice
@@ -42,14 +42,16 @@ def offers(owner: User | None = None) -> list[Offer]:
 def _available() -> list[Offer]:
     free: dict[tuple[str, str, str], int] = defaultdict(int)
     simulated: dict[str, bool] = {}
-    for gpu in Gpu.objects.filter(state=Gpu.State.OK).select_related("host"):
+    gpus = list(Gpu.objects.filter(state=Gpu.State.OK).select_related("host"))
+    mig = [gpu for gpu in gpus if gpu.sharing == Gpu.Sharing.MIG]
+    for gpu, counts in zip(mig, capacities(mig), strict=True):
+        for profile, count in counts.items():
+            free[("mig", gpu.model_name, profile)] += count
+    for gpu in gpus:
         simulated[gpu.model_name] = simulated.get(gpu.model_name, True) and gpu.simulated
-        if gpu.sharing == Gpu.Sharing.MIG:
-            for profile, count in gpu_capacity(gpu).items():
-                free[("mig", gpu.model_name, profile)] += count
-        elif gpu.sharing == Gpu.Sharing.WHOLE:
+        if gpu.sharing == Gpu.Sharing.WHOLE:
             free[("whole", gpu.model_name, "")] += int(gpu.active_slices == 0)
-        else:
+        elif gpu.sharing == Gpu.Sharing.SHARED:
             free[("shared", gpu.model_name, "")] += max(0, gpu.share_limit - gpu.active_slices)
     return sorted(
         (_offer(kind, model, profile, count, simulated[model]) for (kind, model, profile), count in free.items()),

@@ -18,6 +18,7 @@ from sessions.gpus.allocator import (
 from sessions.gpus.holders import Holder
 from sessions.gpus.models import Gpu, GpuInstance, SimulatedGpuInstance, Slice, SliceQuota
 from tests.gpus import checker
+from tests.gpus.conftest import FleetMaker
 
 H200 = "H200-SXM5-141GB"
 MIG = Slice.Kind.MIG
@@ -196,3 +197,28 @@ def test_the_database_refuses_a_holder_without_an_id_or_an_end_before_the_start(
         with pytest.raises(IntegrityError), transaction.atomic():
             Slice.objects.filter(pk=taken.pk).update(**bad)
     Slice.objects.filter(pk=taken.pk).update(held_from=now, held_until=now)  # a holder that ran for no time at all
+
+
+def test_the_fleets_free_room_is_counted_in_the_same_queries_for_one_static_gpu_and_for_six(
+    make_fleet: FleetMaker, many_slices: User
+) -> None:
+    """The launch form and a refusal's words count every GPU's room: static GPUs' free instances in one query."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from sessions.notebooks.offers import offers
+
+    gpus = make_fleet("q: 6xH200:mig")
+    counted: list[int] = []
+    for static in (gpus[:1], gpus[1:]):
+        for gpu in static:
+            fleet.set_policy(gpu.pk, Gpu.Policy.STATIC)
+            fleet.set_layout(gpu.pk, [("3g.71gb", 0), ("3g.71gb", 4)])
+        if len(counted) == 0:
+            allocate(many_slices, mig("3g.71gb"))  # one of the first static GPU's instances is busy
+        with CaptureQueriesContext(connection) as queries:
+            free = free_capacity(H200)
+            listed = {offer.key: offer.free for offer in offers(None)}
+        assert free[f"{H200} 3g.71gb"] == listed[f"mig:{H200}:3g.71gb"] == 11  # 1 + 5 * 2 room, then 6 * 2 - 1
+        counted.append(len(queries))
+    assert counted[0] == counted[1]
