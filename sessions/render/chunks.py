@@ -2,8 +2,9 @@
 
 Each chunk runs in the render sandbox (``sessions.runtime.render``): frames are recorded, with their
 thumbnails, as Blender says it saved them; progress is pushed as its lines come. A chunk that fails is
-tried again (on another of the job's slices where it holds one), only for its frames not saved yet; its
-last attempt failing fails the job. A run that writes more than PORTAL_RENDER_MAX_OUTPUT_BYTES into its
+tried again, only for its frames not saved yet, on another slice where one is free: another of the job's
+slices, else a free slice of its offer taken in place of the one it failed on (released at once), else where
+it failed; its last attempt failing fails the job. A run that writes more than PORTAL_RENDER_MAX_OUTPUT_BYTES into its
 output folder (its own, below the job's ``frames``) is stopped and fails the job at once: the scene would
 only do it again. When no chunk is left for the slice, the slice is released at once, its holding ending
 with its last container.
@@ -25,7 +26,16 @@ from sessions.gpus.holders import Holder
 from sessions.gpus.models import Slice
 from sessions.render import containers, files, progress
 from sessions.render.models import RenderChunk, RenderFrame, RenderJob
-from sessions.render.services import RUNNING, end_holding, held_by, locked, render_settings, scene_of, stop_job
+from sessions.render.services import (
+    RUNNING,
+    another_slice,
+    end_holding,
+    held_by,
+    locked,
+    render_settings,
+    scene_of,
+    stop_job,
+)
 from sessions.render.thumbnails import make_thumbnail
 from sessions.runtime import blender
 from sessions.runtime.docker import RuntimeError_
@@ -96,8 +106,8 @@ def _claim(job_id: int, slice_id: int) -> Claim | str | None:
         if any(other.pk != slice_id for other in held_by(job_id)):
             waiting = waiting.exclude(slice_id=slice_id)  # a chunk that failed here is retried on another slice
         chunk = waiting.first()
-        if chunk is None:
-            return None
+        if chunk is None or (_failed_here(chunk, slice_id) and another_slice(job) is not None):
+            return None  # nothing left for this slice, or its retry goes to the other slice just taken
         chunk.state, chunk.slice, chunk.attempts = ChunkState.RENDERING, taken, chunk.attempts + 1
         chunk.started_at, chunk.finished_at = timezone.now(), None
         chunk.save(update_fields=["state", "slice", "attempts", "started_at", "finished_at"])
@@ -108,6 +118,12 @@ def _claim(job_id: int, slice_id: int) -> Claim | str | None:
             job.save(update_fields=job.move(State.RENDERING))
         progress.announce(job)
         return Claim(job, chunk, taken)
+
+
+def _failed_here(chunk: RenderChunk, slice_id: int) -> bool:
+    """The chunk waits for a retry after an attempt that failed on this slice (one put back after its worker
+    died has not finished: it renders here again)."""
+    return chunk.slice_id == slice_id and chunk.finished_at is not None
 
 
 def output_folder(job: RenderJob, chunk: RenderChunk) -> Path:

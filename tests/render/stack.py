@@ -8,6 +8,7 @@ Import the fixtures into a test module by name (``from tests.render.stack import
 from __future__ import annotations
 
 import contextlib
+import math
 import secrets
 import shutil
 import subprocess
@@ -20,7 +21,9 @@ from typing import Any
 import pytest
 from django.conf import settings
 from django.contrib.auth.models import User
+from django.db.models import Sum
 
+from billing.models import Account, ChargedMinute, Entry, LedgerTransaction, Usage
 from portal.celery import app, render_queue
 from sessions.gpus.backends import get_backend
 from sessions.gpus.holders import HolderKind
@@ -279,6 +282,24 @@ def containers_of(job: RenderJob) -> list[str]:
         [DOCKER, "ps", "-aq", "--filter", label, "--filter", ours], capture_output=True, text=True, check=True
     )
     return found.stdout.split()
+
+
+def charged_by_the_meter(held: Slice) -> None:
+    """The holding's end sent billing's task to the default queue's worker, whose meter charged each started
+    minute of it once, in balanced ledger transactions taken from its owner's wallet."""
+    wait_for(lambda: Usage.objects.filter(slice=held, open=False).exists(), 60, "the meter's charge of the holding")
+    usage = Usage.objects.get(slice=held)
+    assert held.held_from is not None and held.held_until is not None
+    minutes = math.ceil((held.held_until - held.held_from).total_seconds() / 60)
+    charged = ChargedMinute.objects.filter(usage=usage)
+    assert sorted(charged.values_list("minute", flat=True)) == list(range(max(1, minutes)))
+    assert usage.billed_minutes == charged.count() and usage.ended == held.held_until
+    posted = LedgerTransaction.objects.filter(pk__in=charged.values("transaction"))
+    assert posted.exists() and all(txn.kind == "usage" and txn.user_id == held.owner_id for txn in posted)
+    entries = Entry.objects.filter(transaction__in=posted)
+    assert entries.aggregate(total=Sum("amount"))["total"] == 0, "every transaction balances"
+    taken = -(entries.filter(account__kind=Account.Kind.WALLET).aggregate(total=Sum("amount"))["total"] or 0)
+    assert taken == usage.per_minute * charged.count() > 0, "the wallet paid each minute at the frozen rate"
 
 
 def settings_queue() -> str:

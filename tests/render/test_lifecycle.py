@@ -2,11 +2,13 @@
 """A render job on the real stack, from the probe to its last frame: PostgreSQL, Redis, a Celery worker on
 the render queue, the Docker engine with the stand-in NVIDIA hook, the render image, a MIG slice of the
 simulated fleet (Cycles renders on the CPU). Progress arrives over the websocket as it renders; the slice is
-released with its holding recorded, and the billing meter charges those minutes."""
+released with its holding recorded, and the billing meter (billing's task on the default queue's worker, as
+the holding's end sends it) charges those minutes: the ledger takes them from the owner's wallet."""
 
 from __future__ import annotations
 
 import asyncio
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -15,13 +17,14 @@ from channels.db import database_sync_to_async
 from django.contrib.auth.models import User
 from PIL import Image
 
-from billing import meter
-from billing.models import ChargedMinute, Usage
+from billing import ledger
+from billing.models import Usage
 from sessions.gpus.models import Slice
-from sessions.render import services
+from sessions.render import progress, services
 from sessions.render.models import RenderChunk, RenderFrame, RenderJob
 from tests.helpers.websockets import open_socket
 from tests.render.stack import (  # noqa: F401 (fixtures)
+    charged_by_the_meter,
     containers_of,
     make_job,
     render_image,
@@ -89,15 +92,14 @@ def rendered_and_billed(job: RenderJob, probe_slice: Slice) -> None:
     assert render_slice.released_at is not None
     assert render_slice.held_from <= render_slice.held_until <= render_slice.released_at
     for held in (probe_slice, render_slice):
-        meter.charge_holding(held.pk)
-        usage = Usage.objects.get(slice=held)
-        assert not usage.open and ChargedMinute.objects.filter(usage=usage).count() >= 1
+        charged_by_the_meter(held)
 
 
 async def test_three_frames_render_on_a_mig_slice_with_live_progress_and_are_billed(
     render_stack: Path, scenes: Path, alice: User
 ) -> None:
     job = await database_sync_to_async(make_job)(alice, scenes / "small.blend", [1, 2, 3], State.VALIDATED)
+    balance_before = await database_sync_to_async(ledger.balance)(alice)
     probe_slice = await database_sync_to_async(estimated)(job)
 
     events = await follow_until_done(job, alice)
@@ -112,6 +114,15 @@ async def test_three_frames_render_on_a_mig_slice_with_live_progress_and_are_bil
     assert finished["frames_total"] == 3 and finished["percent"] == 100 and finished["cost"].endswith("CNY")
     assert finished["seconds_per_frame"] > 0 and finished["latest_frame"] in (1, 2, 3)
     await database_sync_to_async(rendered_and_billed)(job, probe_slice)
+    # What the wallet lost is what the job's two holdings were charged, and the job page's cost says so.
+    paid = await database_sync_to_async(paid_for)(job)
+    assert await database_sync_to_async(ledger.balance)(alice) == balance_before - paid
+    assert await database_sync_to_async(progress.cost_so_far)(job) == paid
+
+
+def paid_for(job: RenderJob) -> Decimal:
+    usages = Usage.objects.filter(slice__in=slices_of(job))
+    return sum((usage.per_minute * usage.billed_minutes for usage in usages), Decimal(0))
 
 
 def test_a_job_on_two_slices_renders_its_chunks_on_whichever_is_free_and_releases_both(

@@ -1,0 +1,132 @@
+"""Where a failed chunk is tried again: on another slice where one is free. These steps are the database's
+alone (which chunk a slice's worker takes, which slice is taken or released), so they run without Docker;
+tests/render/test_lifecycle_failures.py shows the same on the real stack with Blender failing."""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Iterator
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from django.contrib.auth.models import User
+from django.utils import timezone
+
+from sessions.gpus.allocator import SliceRequest, allocate, holding_started
+from sessions.gpus.backends import get_backend
+from sessions.gpus.holders import Holder
+from sessions.gpus.models import Slice
+from sessions.render import chunks, recovery
+from sessions.render.models import RenderChunk, RenderFrame, RenderJob
+from tests.gpus.conftest import use_fleet
+
+pytestmark = pytest.mark.django_db
+WHOLE = {"gpu_kind": "whole", "gpu_profile": "", "gpu_model": "A100-SXM4-80GB"}
+
+
+@pytest.fixture
+def two_gpus(settings, render_dir: Path) -> Iterator[None]:  # type: ignore[no-untyped-def]
+    use_fleet(settings, "r: 2xA100-80GB:whole")
+    yield
+    get_backend.cache_clear()
+
+
+@pytest.fixture
+def one_gpu(settings, render_dir: Path) -> Iterator[None]:  # type: ignore[no-untyped-def]
+    use_fleet(settings, "r: 1xA100-80GB:whole")
+    yield
+    get_backend.cache_clear()
+
+
+def rendering_job(owner: User) -> tuple[RenderJob, Slice]:
+    """A job rendering on its one slice, its container started there a minute ago."""
+    job = RenderJob.objects.create(
+        owner=owner,
+        state=RenderJob.State.RENDERING,
+        upload_name="shot.blend",
+        folder=f"t{owner.pk}/{secrets.token_hex(8)}",
+        main_file="scene.blend",
+        frame_spec="1-2",
+        frames=[1, 2],
+        frame_count=2,
+        chunk_size=2,
+        **WHOLE,  # type: ignore[arg-type]
+    )
+    held = allocate(owner, job.request, holder=Holder.render(job.pk))
+    holding_started(held.pk, timezone.now() - timedelta(minutes=1))
+    RenderFrame.objects.bulk_create([RenderFrame(job=job, number=n) for n in (1, 2)])
+    return job, held
+
+
+def failed_once_on(job: RenderJob, held: Slice) -> RenderChunk:
+    """The chunk's first attempt failed on ``held``: it waits for its retry, as ``chunks._chunk_ended`` left it."""
+    return RenderChunk.objects.create(
+        job=job, index=0, frames=[1, 2], state="pending", attempts=1, slice=held, finished_at=timezone.now()
+    )
+
+
+def held_by_job(job: RenderJob) -> list[Slice]:
+    return list(Slice.objects.filter(holder_id=job.pk, released_at__isnull=True).order_by("pk"))
+
+
+def test_a_chunk_that_failed_on_the_jobs_only_slice_moves_to_a_free_one_and_the_old_is_released(
+    two_gpus: None, alice: User, django_capture_on_commit_callbacks
+) -> None:
+    job, held = rendering_job(alice)
+    failed_once_on(job, held)
+
+    with django_capture_on_commit_callbacks() as sent:  # captured, not sent: no worker of this test reads them
+        assert chunks.work_on_slice(job.pk, held.pk) == 0, "nothing rendered on the slice it failed on"
+
+    held.refresh_from_db()
+    assert held.released_at is not None and held.held_until is not None, "released, its holding ended"
+    [other] = held_by_job(job)
+    assert other.pk != held.pk and other.gpu_id != held.gpu_id and other.held_from is None
+    assert len(sent) >= 2, "the new slice's worker and the old slice's charge go out once this commits"
+    chunk = RenderChunk.objects.get(job=job)
+    assert (chunk.state, chunk.attempts, chunk.slice_id) == ("pending", 1, held.pk), "it waits for the new slice"
+
+    claimed = chunks._claim(job.pk, other.pk)  # what the new slice's worker does first
+    assert isinstance(claimed, chunks.Claim) and claimed.chunk.pk == chunk.pk
+    chunk.refresh_from_db()
+    assert (chunk.state, chunk.attempts, chunk.slice_id) == ("rendering", 2, other.pk)
+
+
+def test_where_no_other_slice_is_free_the_chunk_is_tried_again_where_it_failed(one_gpu: None, alice: User) -> None:
+    job, held = rendering_job(alice)
+    chunk = failed_once_on(job, held)
+
+    claimed = chunks._claim(job.pk, held.pk)
+
+    assert isinstance(claimed, chunks.Claim) and claimed.taken.pk == held.pk
+    chunk.refresh_from_db()
+    assert (chunk.state, chunk.attempts, chunk.slice_id) == ("rendering", 2, held.pk)
+    assert held_by_job(job) == [held]
+
+
+def test_a_chunk_put_back_after_its_worker_died_renders_again_on_its_own_slice(two_gpus: None, alice: User) -> None:
+    """It did not fail: its worker stopped (the render worker restarting), so the slice is kept."""
+    job, held = rendering_job(alice)
+    chunk = RenderChunk.objects.create(
+        job=job, index=0, frames=[1, 2], state="rendering", attempts=1, slice=held, started_at=timezone.now()
+    )
+    assert recovery.put_back(chunk.pk, count_attempt=False)
+
+    claimed = chunks._claim(job.pk, held.pk)
+
+    assert isinstance(claimed, chunks.Claim) and claimed.taken.pk == held.pk
+    assert held_by_job(job) == [held], "no other slice taken"
+
+
+def test_with_another_of_its_slices_held_the_retry_is_left_to_that_one(two_gpus: None, alice: User) -> None:
+    job, held = rendering_job(alice)
+    RenderJob.objects.filter(pk=job.pk).update(max_slices=2)
+    second = allocate(alice, SliceRequest("whole", "", "A100-SXM4-80GB"), holder=Holder.render(job.pk))
+    failed_once_on(job, held)
+
+    assert chunks._claim(job.pk, held.pk) is None, "not retried on the slice it failed on"
+    claimed = chunks._claim(job.pk, second.pk)
+
+    assert isinstance(claimed, chunks.Claim) and claimed.taken.pk == second.pk
+    assert held_by_job(job) == [held, second], "no third slice taken"
