@@ -136,7 +136,11 @@ def _run(claim: Claim) -> datetime | None:
     job, chunk, taken = claim.job, claim.chunk, claim.taken
     output = output_folder(job, chunk)
     output.mkdir(parents=True, exist_ok=True)
-    run = progress.ChunkRun(job, on_saved=lambda name: _frame_saved(job, chunk, output / name))
+    run = progress.ChunkRun(
+        job,
+        on_saved=lambda name: _frame_saved(job, chunk, output / name),
+        on_preview=lambda frame: _thumbnail_from_preview(job, output / blender.preview_file(frame), frame),
+    )
     watched = containers.Watched(on_started=lambda at: holding_started(taken.pk, at or timezone.now()))
     limit = settings.RENDER_MAX_OUTPUT_BYTES
     outcome = Outcome(None, "", {})
@@ -154,6 +158,9 @@ def _run(claim: Claim) -> datetime | None:
         )
         for frame, path in result.saved.items():
             _frame_saved(job, chunk, path, frame)
+            if preview := result.preview(output, frame):
+                _thumbnail_from_preview(job, preview, frame)
+        _remove_previews(output)
         outcome = Outcome(result.failure, result.log.excerpt(), run.live())
         if result.exit.output_exceeded:
             outcome = Outcome(_too_much_output(limit), outcome.excerpt, outcome.live, final=True)
@@ -191,6 +198,26 @@ def _frame_saved(job: RenderJob, chunk: RenderChunk, path: Path, number: int | N
     frame.output_path = path.relative_to(job.folder_path()).as_posix()
     frame.thumbnail_path = str(PurePosixPath(THUMBNAILS, thumbnail.name)) if thumbnail else ""
     frame.save(update_fields=["state", "finished_at", "output_path", "thumbnail_path"])
+
+
+def _thumbnail_from_preview(job: RenderJob, preview: Path, number: int) -> None:
+    """A saved frame Pillow cannot read (OpenEXR) gets its thumbnail from the PNG Blender wrote of it."""
+    frame = job.frame_results.filter(number=number, state=FrameState.DONE, thumbnail_path="").first()
+    if frame is None or preview.is_symlink() or not preview.is_file():
+        return
+    folder = job.folder_path() / THUMBNAILS
+    thumbnail = make_thumbnail(preview, folder, settings.RENDER_THUMBNAIL_PIXELS, of=frame.output_path)
+    if thumbnail is not None:
+        frame.thumbnail_path = str(PurePosixPath(THUMBNAILS, thumbnail.name))
+        frame.save(update_fields=["thumbnail_path"])
+    preview.unlink(missing_ok=True)
+
+
+def _remove_previews(output: Path) -> None:
+    """Blender's PNGs of the frames served their thumbnails; the results are the frames alone."""
+    for preview in output.glob(blender.PREVIEW_NAME.replace("{:06d}", "*")):
+        if preview.is_symlink() or preview.is_file():
+            preview.unlink(missing_ok=True)  # a link is removed as a link
 
 
 def _chunk_ended(job_id: int, chunk_id: int, slice_id: int, outcome: Outcome) -> None:

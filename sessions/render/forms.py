@@ -18,6 +18,7 @@ from sessions.render import frames
 from sessions.render.jobs import JobChoices
 from sessions.render.models import RenderJob
 from sessions.render.scenefile import size_words
+from sessions.render.services import writable_formats
 
 
 class RenderJobForm(forms.Form):
@@ -36,7 +37,11 @@ class RenderJobForm(forms.Form):
     samples = forms.IntegerField(
         label="Samples", min_value=1, max_value=65536, required=False, help_text="Empty: the scene's own setting."
     )
-    output_format = forms.ChoiceField(label="Output format", choices=RenderJob.OutputFormat.choices)
+    output_format = forms.ChoiceField(
+        label="Output format",
+        choices=RenderJob.OutputFormat.choices,
+        help_text="OpenEXR is offered where the render image's Blender writes it.",
+    )
     offer = forms.ChoiceField(label="GPU slice")
     spot = forms.BooleanField(required=False, label="Spot: cheaper, may be reclaimed (the chunk is rendered again)")
     chunk_size = forms.IntegerField(
@@ -68,8 +73,20 @@ class RenderJobForm(forms.Form):
         assert isinstance(offer_field, forms.ChoiceField)
         offer_field.choices = [(offer.key, offer_choice_label(offer)) for offer in offers]
         self.fields["scene"].help_text = f"At most {size_words(settings.RENDER_MAX_UPLOAD_BYTES)}."
+        self._offer_writable_formats()
         if refusal:  # the body was stopped: the field is empty because of the refusal, which clean_scene says
             self.fields["scene"].required = False
+
+    def _offer_writable_formats(self) -> None:
+        """The formats the render image's Blender writes, as its last probe said (all of ours until one has)."""
+        writes = writable_formats()
+        if writes is None:
+            return
+        field = self.fields["output_format"]
+        assert isinstance(field, forms.ChoiceField)
+        field.choices = [(value, label) for value, label in RenderJob.OutputFormat.choices if value in writes]
+        if RenderJob.OutputFormat.OPEN_EXR not in writes:
+            field.help_text = "This portal's Blender build writes no OpenEXR."
 
     def clean_scene(self) -> Any:
         if self.refusal:  # the upload handler stopped the body: say why, not that the field is empty

@@ -131,6 +131,12 @@ class RenderJob(models.Model):
     def ended(self) -> bool:
         return self.state in self.ENDED
 
+    @property
+    def scene_name(self) -> str:
+        """The main .blend as its owner knows it: the uploaded file's own name, or its path in the zip (an
+        uploaded .blend is stored as ``scene.blend``)."""
+        return self.upload_name if self.main_file and not self.blend_files else self.main_file
+
     def folder_path(self) -> Path:
         return Path(settings.RENDER_DIR) / self.folder
 

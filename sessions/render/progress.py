@@ -175,10 +175,12 @@ def announce(job: RenderJob, live: dict[str, Any] | None = None) -> None:
 @dataclass
 class ChunkRun:
     """One chunk's run, as its lines come: the frame and sample reached, the log's tail; pushes as it goes.
-    ``on_saved`` records a frame Blender said it saved (its file's name in the output folder)."""
+    ``on_saved`` records a frame Blender said it saved (its file's name in the output folder), ``on_preview``
+    the small PNG Blender then wrote of it (for a format Pillow cannot read)."""
 
     job: RenderJob
     on_saved: Callable[[str], None]
+    on_preview: Callable[[int], None] | None = None  # Blender wrote its small PNG of this saved frame
     frame: int | None = None
     sample: int | None = None
     samples: int | None = None
@@ -201,6 +203,9 @@ class ChunkRun:
                 self.push()
         elif isinstance(event, Marked) and event.kind == "device" and isinstance(event.value, str):
             self.device = event.value[:16]
+        elif isinstance(event, Marked) and event.kind == "preview" and type(event.value) is int and self.on_preview:
+            self.on_preview(event.value)
+            self.push()  # the frame's thumbnail is there now
         elif isinstance(event, FrameSaved):
             self.on_saved(event.path.rsplit("/", 1)[-1])
             self.sample = None

@@ -20,6 +20,7 @@ from datetime import datetime
 
 from django.conf import settings
 from django.contrib.auth.models import User
+from django.core.cache import cache
 from django.db import transaction
 from django.utils import timezone
 
@@ -55,6 +56,9 @@ WORK_ON_SLICE = "sessions.render.tasks.work_on_slice"
 CHARGE_HOLDING = "billing.tasks.charge_holding"
 RUNNING = (State.QUEUED, State.RENDERING)
 ESTIMATE_FILE = "estimate.json"
+FORMATS_KEY = "render:formats"  # what the last probe's Blender said it writes; the upload form offers those
+FORMATS_KEPT_S = 7 * 24 * 3600
+PREVIEW_MOST_PIXELS = 4096
 PROBE = "probe"  # the probe's output folder in the job's, removed after it
 
 
@@ -91,16 +95,26 @@ def locked(job_id: int) -> RenderJob:
 
 
 def render_settings(job: RenderJob, taken: Slice) -> RenderSettings:
+    """How the job renders on this slice; a format Pillow cannot read (OpenEXR) also gets Blender's own small
+    PNG of each frame, for its thumbnail."""
+    readable = job.output_format == RenderJob.OutputFormat.PNG
     return RenderSettings(
         samples=job.samples,
         percentage=job.resolution_percent,
         file_format=job.output_format,
         gpu=blender.cycles_gpu(taken.gpu.simulated),
+        preview_pixels=0 if readable else min(settings.RENDER_THUMBNAIL_PIXELS, PREVIEW_MOST_PIXELS),
     )
 
 
 def scene_of(job: RenderJob) -> Scene:
-    return Scene(job.scene_path(), job.main_file)
+    return Scene(job.scene_path(), job.main_file, shown_as=job.scene_name)
+
+
+def writable_formats() -> tuple[str, ...] | None:
+    """The output formats the render image's Blender writes, as its last probe said; None until one did."""
+    found = cache.get(FORMATS_KEY)
+    return tuple(found) if isinstance(found, list | tuple) else None
 
 
 # The estimate -------------------------------------------------------------------------------------------
@@ -230,6 +244,7 @@ def _estimated(
     on, so a second task of the job, waiting for the row's lock, finds it estimated and probes nothing.
     None: the probe was cut off (its worker stopping); the job stays estimating, and the worker's restart or
     reconciliation sends its task again."""
+    _remember_formats(found)  # before the job moves on: whoever sees it estimated sees what the build writes
     with transaction.atomic():
         job = locked(job_id)
         if slice_id is not None and watched is not None:
@@ -245,6 +260,13 @@ def _estimated(
             job.save(update_fields=job.move(State.AWAITING_CONFIRMATION))
         progress.announce(job)
     return job
+
+
+def _remember_formats(found: Probe | Exception | None) -> None:
+    """What the probe's Blender said it writes, for the upload form to offer (a failed probe says it too)."""
+    formats = found.result.formats if isinstance(found, Probe) else getattr(found, "formats", None)
+    if formats is not None:
+        cache.set(FORMATS_KEY, list(formats), FORMATS_KEPT_S)
 
 
 def _probe_failure(error: Exception) -> str:

@@ -23,11 +23,12 @@ def thumbnail_name(frame_file: str) -> str:
     return f"{Path(frame_file).stem}.jpg"
 
 
-def make_thumbnail(frame: Path, folder: Path, longest_side: int) -> Path | None:
-    """A JPEG of the frame, its longest side ``longest_side`` pixels at most, in ``folder``; None if the
-    frame is no image Pillow can read (OpenEXR among them: Pillow has no reader for it)."""
+def make_thumbnail(frame: Path, folder: Path, longest_side: int, of: str = "") -> Path | None:
+    """A JPEG of the frame, its longest side ``longest_side`` pixels at most, in ``folder``, named after
+    ``of`` (the frame's file, where ``frame`` is Blender's PNG of it); None if the file is no image Pillow can
+    read (OpenEXR among them: Pillow has no reader for it, so Blender writes such a frame's PNG too)."""
     folder.mkdir(parents=True, exist_ok=True)
-    target = folder / thumbnail_name(frame.name)
+    target = folder / thumbnail_name(of or frame.name)
     Image.MAX_IMAGE_PIXELS = MOST_PIXELS
     try:
         with warnings.catch_warnings():

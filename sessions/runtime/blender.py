@@ -22,15 +22,20 @@ LINE_BUFFERED = ("stdbuf", "-oL", "-eL")
 SCENE_DIR = "/scene"  # the uploaded scene, mounted read-only
 OUTPUT_DIR = "/out"  # the one writable place
 FRAME_NAME = "frame_######"  # Blender writes /out/frame_000001.png
+PREVIEW_NAME = "preview_{:06d}.png"  # a frame Pillow cannot read (OpenEXR) also gets this small PNG of it
 MAX_FRAME = 1_048_574  # Blender's MAXFRAME
 FORMATS = {"PNG": "png", "OPEN_EXR": "exr"}  # Blender's file format -> the extension it writes
+FORMAT_NAMES = {"PNG": "PNG", "OPEN_EXR": "OpenEXR"}
 PYTHON_FAILED = 3  # Blender's exit status when our Python raises (--python-exit-code)
 
 # Runs inside Blender after the scene is loaded. It reads the options from the argument after "--",
 # prints the scene's facts first (before changing anything), then, for a render, sets Cycles up: no
 # denoising (Debian's build has no OpenImageDenoise, and a denoising scene fails), our samples and
 # resolution, and the first GPU backend with a device and kernels for it, else the CPU; it says which, and
-# why each backend it passed over was no use.
+# why each backend it passed over was no use. It also says which of the portal's output formats this build
+# writes (a build without OpenEXR lacks that item), and, where asked (OpenEXR: Pillow cannot read it), has
+# Blender write a small display-ready PNG of each frame once the frame is saved, for its thumbnail: the
+# frame is loaded back and scaled as an image of its own, so the scene's output settings stay untouched.
 IN_BLENDER = r"""
 import glob, json, os, shutil, sys
 import bpy
@@ -61,6 +66,35 @@ say("facts", {
     "samples": cycles.samples if cycles is not None else None,
     "file_format": scene.render.image_settings.file_format,
 })
+writes = {item.identifier for item in bpy.types.ImageFormatSettings.bl_rna.properties["file_format"].enum_items}
+say("formats", [name for name in options["formats"] if name in writes])
+
+def preview_scene():
+    shown = bpy.data.scenes.new("gpu-portal-preview")
+    shown.render.image_settings.file_format = "PNG"
+    shown.render.image_settings.color_mode = "RGB"
+    for name in ("view_transform", "look", "exposure", "gamma"):
+        setattr(shown.view_settings, name, getattr(scene.view_settings, name))
+    shown.display_settings.display_device = scene.display_settings.display_device
+    return shown
+
+def write_preview(rendered, *args):
+    frame = rendered.frame_current
+    try:
+        image = bpy.data.images.load(rendered.render.frame_path(frame=frame))
+    except RuntimeError as error:
+        say("note", "no preview of frame %d: %s" % (frame, error))
+        return
+    try:
+        width, height = image.size
+        scale = min(1.0, options["preview"] / max(1, width, height))
+        image.scale(max(1, round(width * scale)), max(1, round(height * scale)))
+        image.save_render(os.path.join(OUT, options["preview_name"].format(frame)), scene=PREVIEW)
+        say("preview", frame)
+    except RuntimeError as error:
+        say("note", "no preview of frame %d: %s" % (frame, error))
+    finally:
+        bpy.data.images.remove(image)
 
 if options["render"]:
     scene.render.engine = "CYCLES"
@@ -104,6 +138,9 @@ if options["render"]:
         break
     scene.cycles.device = "CPU" if used == "CPU" else "GPU"
     say("device", used)
+    if options["preview"]:
+        OUT, PREVIEW = options["out"], preview_scene()
+        bpy.app.handlers.render_write.append(write_preview)
 """
 
 
@@ -140,6 +177,18 @@ def frame_file(frame: int, file_format: str = "PNG") -> str:
     return f"{FRAME_NAME.rstrip('#')}{frame:0{FRAME_NAME.count('#')}d}.{FORMATS[file_format]}"
 
 
+def preview_file(frame: int) -> str:
+    """The name of a frame's small PNG in the output folder, where the render was asked for one."""
+    return PREVIEW_NAME.format(frame)
+
+
+def format_refusal(file_format: str, writes: Sequence[str] | None) -> str | None:
+    """Why this Blender build cannot render to ``file_format``, as its run said; None if it can (or did not say)."""
+    if writes is None or file_format in writes:
+        return None
+    return f"this Blender build cannot write {FORMAT_NAMES[file_format]} files; choose {FORMAT_NAMES['PNG']} instead"
+
+
 @dataclass(frozen=True)
 class RenderSettings:
     """How to render: optional samples and resolution overrides, the output format, and the Cycles GPU
@@ -149,10 +198,13 @@ class RenderSettings:
     percentage: int | None = None
     file_format: str = "PNG"
     gpu: tuple[str, ...] = ()
+    preview_pixels: int = 0  # >0: a PNG of each frame this many pixels on its longest side (``preview_file``)
 
     def __post_init__(self) -> None:
         if self.file_format not in FORMATS:
             raise ValueError(f"output format must be one of {', '.join(FORMATS)}")
+        if not 0 <= self.preview_pixels <= 4096:
+            raise ValueError("preview pixels must lie between 0 and 4096")
         if self.samples is not None and not 1 <= self.samples <= 1 << 24:
             raise ValueError("samples must lie between 1 and 16777216")
         if self.percentage is not None and not 1 <= self.percentage <= 100:
@@ -174,6 +226,10 @@ def _options(mark: str, *, render: RenderSettings | None = None, only_frame: int
             "percentage": render.percentage if render else None,
             "gpu": list(render.gpu) if render else [],
             "only_frame": only_frame,
+            "formats": list(FORMATS),
+            "preview": render.preview_pixels if render and only_frame is None else 0,
+            "preview_name": PREVIEW_NAME,
+            "out": OUTPUT_DIR,
         }
     )
 

@@ -40,11 +40,13 @@ OnStart = Callable[[str], None]
 
 
 class SceneUnreadable(Exception):
-    """Blender could not read the scene; ``excerpt`` is its own explanation."""
+    """Blender could not read the scene (or render the probe's frame); ``excerpt`` is its own explanation,
+    ``formats`` the output formats its build said it writes (None if it did not get that far)."""
 
-    def __init__(self, message: str, excerpt: str) -> None:
+    def __init__(self, message: str, excerpt: str, formats: tuple[str, ...] | None = None) -> None:
         super().__init__(message)
         self.excerpt = excerpt
+        self.formats = formats
 
 
 @dataclass(frozen=True)
@@ -53,11 +55,16 @@ class Scene:
 
     folder: Path
     blend: str
+    shown_as: str = ""  # how its owner knows it (the uploaded file's name), for messages; empty: ``blend``
 
     def __post_init__(self) -> None:
         blender.scene_path(self.blend)  # refuses absolute paths and ..
         if not (self.folder / self.blend).is_file():
             raise FileNotFoundError(f"no {self.blend} in {self.folder}")
+
+    @property
+    def name(self) -> str:
+        return self.shown_as or self.blend
 
     @property
     def inside(self) -> str:
@@ -196,6 +203,18 @@ class RenderResult:
         """Why each GPU backend tried was passed over (not in the build, no device, no kernels)."""
         return [str(item.value) for item in self.log.marked if item.kind == "note"]
 
+    @property
+    def formats(self) -> tuple[str, ...] | None:
+        """The portal's output formats this Blender build writes, as it said; None if it did not say."""
+        return _writes(self.log)
+
+    def preview(self, output: Path, frame: int) -> Path | None:
+        """The small PNG Blender wrote of a saved frame (``RenderSettings.preview_pixels``), if it said so and
+        it is a file of its own there (a link is never followed)."""
+        said = any(item.kind == "preview" and item.value == frame for item in self.log.marked)
+        path = output / blender.preview_file(frame)
+        return path if said and not path.is_symlink() and path.is_file() else None
+
 
 def threads_for(spec: ContainerSpec, runtime: DockerRuntime) -> int:
     """Cycles' threads: the slice's CPUs (left alone, it would start one per host core and be throttled)."""
@@ -225,6 +244,19 @@ def _streamed(log: BlenderLog, on_line: OnLine | None) -> Callable[[str], None]:
 def _device(log: BlenderLog) -> str | None:
     found = log.last("device")
     return found.value if found is not None and isinstance(found.value, str) else None
+
+
+def _writes(log: BlenderLog) -> tuple[str, ...] | None:
+    found = log.last("formats")
+    if found is None or not isinstance(found.value, list):
+        return None
+    return tuple(name for name in found.value if name in blender.FORMATS)
+
+
+def _failure(ended: Exit, log: BlenderLog, settings: RenderSettings, wall_time_s: float, memory: int) -> str | None:
+    """Why the run failed: the build cannot write the format asked for (Blender then saves another), or how
+    the container ended."""
+    return blender.format_refusal(settings.file_format, _writes(log)) or ended.failure(wall_time_s, memory)
 
 
 def render(
@@ -258,7 +290,7 @@ def render(
         output_limit=output_limit,
     )
     saved = _saved_frames(log, output, frames, settings.file_format)
-    failure = ended.failure(wall_time_s, spec.limits.memory_bytes)
+    failure = _failure(ended, log, settings, wall_time_s, spec.limits.memory_bytes)
     if failure is None and len(saved) < len(frames):
         failure = _explained(f"{len(frames) - len(saved)} of {len(frames)} frames were not saved", log)
     return RenderResult(ended, frames, saved, log, failure, _device(log))
@@ -276,7 +308,7 @@ def _facts(log: BlenderLog, scene: Scene, ended: Exit, wall_time_s: float, memor
         stopped = ended.timed_out or ended.oom_killed or ended.output_exceeded
         reason = ended.failure(wall_time_s, memory) if stopped else None
         reason = reason or (log.errors[0] if log.errors else str(error))
-        raise SceneUnreadable(f"Blender could not read {scene.blend}: {reason}", log.excerpt()) from None
+        raise SceneUnreadable(f"Blender could not read {scene.name}: {reason}", log.excerpt()) from None
 
 
 def read_scene(runtime: DockerRuntime, spec: ContainerSpec, scene: Scene, *, wall_time_s: float = 120) -> SceneFacts:
@@ -295,7 +327,7 @@ def read_scene(runtime: DockerRuntime, spec: ContainerSpec, scene: Scene, *, wal
     )
     facts = _facts(log, scene, ended, wall_time_s, spec.limits.memory_bytes)
     if ended.exit_code:
-        raise SceneUnreadable(f"Blender could not read {scene.blend}: exit status {ended.exit_code}", log.excerpt())
+        raise SceneUnreadable(f"Blender could not read {scene.name}: exit status {ended.exit_code}", log.excerpt())
     return facts
 
 
@@ -360,10 +392,11 @@ def probe(
     facts = _facts(log, scene, ended, wall_time_s, spec.limits.memory_bytes)
     rendered = facts.frame_start if frame is None else frame
     saved = _saved_frames(log, output, (rendered,), low.file_format)
-    failure = ended.failure(wall_time_s, spec.limits.memory_bytes)
+    failure = _failure(ended, log, low, wall_time_s, spec.limits.memory_bytes)
     if failure is None and not saved:
-        failure = _explained("the frame was not saved", log)
+        failure = "the frame was not saved"
     result = RenderResult(ended, (rendered,), saved, log, failure, _device(log))
     if failure is not None:
-        raise SceneUnreadable(f"the probe render of {scene.blend} failed: {failure}", log.excerpt())
+        words = f"The probe could not render frame {rendered} of {scene.name}: {_explained(failure, log)}"
+        raise SceneUnreadable(words, log.excerpt(), result.formats)
     return Probe(facts, result, rendered, samples, log.timings.get(rendered, FrameTiming(rendered)))

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 from channels.db import database_sync_to_async
 from django.contrib.auth.models import User
+from django.core.cache import cache
 from PIL import Image
 
 from billing import ledger
@@ -141,3 +142,26 @@ def test_a_job_on_two_slices_renders_its_chunks_on_whichever_is_free_and_release
     wait_for(lambda: all(taken.released_at for taken in slices_of(job)), 30, "both slices released")
     assert all(taken.held_from and taken.held_until for taken in slices_of(job))
     assert RenderFrame.objects.filter(job=job, state=RenderFrame.State.DONE).count() == 4
+
+
+def test_an_openexr_job_renders_exr_frames_with_thumbnails_from_blenders_own_pngs(
+    render_stack: Path, scenes: Path, alice: User
+) -> None:
+    cache.delete(services.FORMATS_KEY)
+    job = make_job(alice, scenes / "small.blend", [1, 2], State.VALIDATED, output_format="OPEN_EXR")
+    services.request_estimate(job.pk)
+    wait_for(lambda: state_of(job) != State.ESTIMATING, 180, "the probe's estimate")
+    assert state_of(job) == State.AWAITING_CONFIRMATION, RenderJob.objects.get(pk=job.pk).failure_message
+    assert services.writable_formats() == ("PNG", "OPEN_EXR"), "the probe said what the build writes"
+
+    services.confirm(job.pk, alice)
+    wait_for(lambda: state_of(job) in RenderJob.ENDED, 180, "the job to end")
+
+    assert state_of(job) == State.DONE
+    for frame in RenderFrame.objects.filter(job=job).order_by("number"):
+        assert (job.folder_path() / frame.output_path).read_bytes()[:4] == b"\x76\x2f\x31\x01", "an OpenEXR file"
+        assert Path(frame.thumbnail_path).name == f"frame_{frame.number:06d}.jpg"
+        with Image.open(job.folder_path() / frame.thumbnail_path) as thumbnail:
+            assert (thumbnail.format, thumbnail.size) == ("JPEG", (64, 48))
+    assert not list(job.folder_path().rglob("preview_*")), "Blender's PNGs served their thumbnails and went"
+    wait_for(lambda: all(taken.released_at for taken in slices_of(job)), 30, "its slices released")

@@ -156,6 +156,11 @@ def test_a_scene_the_probe_cannot_render_shows_blenders_own_words_on_its_page(
     assert polled(alice_client, job)["HX-Refresh"] == "true"
     job.refresh_from_db()
     assert job.state == State.FAILED and "camera" in job.failure_message.lower(), job.failure_message
+    # Its first line names the file as its owner uploaded it (stored as scene.blend) and Blender's own error.
+    assert job.failure_message.splitlines()[0] == (
+        "The probe could not render frame 1 of no-camera.blend: "
+        "Blender exited with status 1 (Error: Cannot render, no camera)"
+    )
 
     page = alice_client.get(reverse("render-job-detail", args=[job.pk])).content.decode()
     failure = re.search(r'data-testid="failure">(.*?)</p>', page, re.S)

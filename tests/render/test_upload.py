@@ -3,15 +3,18 @@ nothing left on disk, including one stopped while it streams."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from django.contrib.auth.models import User
+from django.core.cache import cache
 from django.core.files.uploadedfile import SimpleUploadedFile
 from django.core.files.uploadhandler import StopUpload
 from django.test import Client
 from django.urls import reverse
 
+from sessions.render import services
 from sessions.render.models import RenderJob
 from sessions.render.uploads import SceneUploadHandler, Upload, owner_folder
 from tests.render import scenes
@@ -266,3 +269,22 @@ def test_a_file_in_another_field_is_skipped_and_the_scene_kept(
     job = RenderJob.objects.get()
     assert stored(render_dir)[-1] == f"{job.folder}/scene/scene.blend"
     assert not any("evil" in path for path in stored(render_dir))
+
+
+@pytest.fixture
+def build_without_openexr() -> Iterator[None]:
+    """What a probe on a Blender build without OpenEXR said it writes."""
+    cache.set(services.FORMATS_KEY, ["PNG"])
+    yield
+    cache.delete(services.FORMATS_KEY)
+
+
+def test_openexr_is_not_offered_where_the_builds_blender_does_not_write_it(
+    alice_client: Client, post_scene: PostScene, render_dir: Path, build_without_openexr: None
+) -> None:
+    page = alice_client.get(reverse("render-job-list")).content.decode()
+    assert 'value="PNG"' in page and 'value="OPEN_EXR"' not in page
+    assert "This portal's Blender build writes no OpenEXR." in page
+    errors = refusal(post_scene("a.blend", scenes.blend(), output_format="OPEN_EXR"), "output_format")
+    assert any("Select a valid choice" in error for error in errors), errors
+    assert_nothing_left(render_dir)

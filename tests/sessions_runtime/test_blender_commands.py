@@ -91,9 +91,30 @@ def test_the_render_options_reach_blender_as_json_after_the_double_dash() -> Non
         "percentage": 50,
         "gpu": ["OPTIX", "CUDA"],
         "only_frame": 7,
+        "formats": ["PNG", "OPEN_EXR"],
+        "preview": 0,
+        "preview_name": "preview_{:06d}.png",
+        "out": "/out",
     }
     assert json.loads(blender.facts_command("a.blend", "m")[-1])["render"] is False
     assert cycles_gpu(simulated=True) == ()
+
+
+def test_a_render_asks_for_previews_where_told_and_the_probe_never_does() -> None:
+    exr = RenderSettings(file_format="OPEN_EXR", preview_pixels=320)
+    assert json.loads(blender.render_command("a.blend", (1, 2), exr, "m", threads=1)[-1])["preview"] == 320
+    assert json.loads(blender.probe_command("a.blend", exr, "m", threads=1)[-1])["preview"] == 0
+    assert blender.preview_file(12) == "preview_000012.png"
+    with pytest.raises(ValueError, match="preview pixels"):
+        RenderSettings(preview_pixels=5000)
+
+
+def test_a_format_the_build_does_not_write_is_refused_in_words() -> None:
+    assert blender.format_refusal("OPEN_EXR", ("PNG",)) == (
+        "this Blender build cannot write OpenEXR files; choose PNG instead"
+    )
+    assert blender.format_refusal("OPEN_EXR", ("PNG", "OPEN_EXR")) is None
+    assert blender.format_refusal("OPEN_EXR", None) is None, "a run that did not say is judged by its frames"
 
 
 @pytest.mark.parametrize(

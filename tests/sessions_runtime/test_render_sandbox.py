@@ -177,6 +177,27 @@ def test_three_frames_render_with_progress_saved_lines_and_pngs_on_the_slice(
     assert runtime.containers_for("render") == []
 
 
+def test_openexr_frames_render_where_the_build_writes_it_each_with_a_small_png_for_its_thumbnail(
+    scenes: Path, spec: ContainerSpec, output: Path
+) -> None:
+    settings = RenderSettings(file_format="OPEN_EXR", preview_pixels=32)
+    result = render(DockerRuntime(), spec, Scene(scenes, "scene.blend"), output, (1, 2), settings, wall_time_s=300)
+
+    assert result.ok, f"{result.failure}\n{result.log.excerpt()}"
+    assert result.formats == ("PNG", "OPEN_EXR"), "Debian's Blender writes OpenEXR"
+    assert sorted(path.name for path in result.saved.values()) == ["frame_000001.exr", "frame_000002.exr"]
+    assert all(path.read_bytes()[:4] == b"\x76\x2f\x31\x01" for path in result.saved.values()), "OpenEXR's magic"
+    for frame in (1, 2):
+        preview = result.preview(output, frame)
+        assert preview is not None and png_size(preview) == (32, 24), "scaled to 32 px on its longest side"
+    assert sorted(path.name for path in output.iterdir()) == [
+        "frame_000001.exr",
+        "frame_000002.exr",
+        "preview_000001.png",
+        "preview_000002.png",
+    ]
+
+
 SANDBOX_CHECK = r"""
 import errno, json, os
 def write(path):
