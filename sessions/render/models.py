@@ -182,6 +182,14 @@ class RenderJob(models.Model):
         tone = {self.State.DONE: "good", self.State.FAILED: "bad", self.State.CANCELLED: "neutral"}
         return self.get_state_display(), tone.get(self.State(self.state), "warn")
 
+    def badge_for(self, viewer_id: int | None) -> tuple[str, str]:
+        """The badge as ``viewer_id`` sees it: staff looking at another person's job see it wait for its
+        owner's confirmation, not theirs."""
+        label, tone = self.badge
+        if self.state == self.State.AWAITING_CONFIRMATION and viewer_id != self.owner_id:
+            label = "Waiting for its owner's confirmation"
+        return label, tone
+
 
 class RenderChunk(models.Model):
     """Some of a job's frames, rendered by one container run on one slice; retried on failure."""

@@ -3,10 +3,11 @@ time per frame, the time left, the cost so far, the latest thumbnail and the end
 
 ``snapshot`` reads the figures from the rows (any page can show them on load); ``ChunkRun`` keeps what only
 the running chunk knows (the sample reached, the log tail) and pushes, at most a few times a second, through
-``portal.push.render_progress``; the log tail it pushes is also kept in the cache, so a page loaded between
-two pushes shows it at once (once no chunk runs, the last chunk's own excerpt stands in). Cost so far is each
-of the job's slices' started minutes, from its recorded holding, at the rate the meter freezes on it (the
-pricing seam billing fills); the meter charges the same minutes at the same rate.
+``portal.push.render_progress``; what it pushes is also kept in the cache, so a page loaded between two
+pushes shows the sample reached and the log tail at once (once no chunk runs, the last chunk's own excerpt
+stands in for the tail). Cost so far is each of the job's slices' started minutes, from its recorded holding,
+at the rate the meter freezes on it (the pricing seam billing fills); the meter charges the same minutes at
+the same rate.
 """
 
 from __future__ import annotations
@@ -107,18 +108,31 @@ def frames_done(job_ids: Iterable[int]) -> dict[int, int]:
     return {**dict.fromkeys(ids, 0), **dict(counted)}
 
 
-def _tail_key(job_id: int) -> str:
-    return f"render:log-tail:{job_id}"
+def _live_key(job_id: int) -> str:
+    return f"render:live:{job_id}"
 
 
-def log_tail(job: RenderJob) -> list[str]:
+def last_live(job_id: int) -> dict[str, Any]:
+    """What a running chunk of the job pushed last (``ChunkRun.live``): kept so a page loaded between two
+    pushes shows it at once."""
+    kept = cache.get(_live_key(job_id))
+    return kept if isinstance(kept, dict) else {}
+
+
+def log_tail(job: RenderJob, live: dict[str, Any] | None = None) -> list[str]:
     """The end of Blender's output as the job's page shows it on load: the latest tail a chunk of it pushed,
     else the end of the last finished chunk's output."""
-    kept = cache.get(_tail_key(job.pk))
+    kept = (last_live(job.pk) if live is None else live).get("log_tail")
     if kept:
         return [str(line) for line in kept]
     last = job.chunks.filter(finished_at__isnull=False).exclude(log_excerpt="").order_by("-finished_at").first()
     return last.log_excerpt.splitlines()[-TAIL_LINES:] if last else []
+
+
+def _current_frame(job: RenderJob, live: dict[str, Any]) -> dict[str, Any]:
+    """The frame being rendered, its sample reached and where Cycles renders, while the job renders."""
+    rendering = job.state == RenderJob.State.RENDERING
+    return {key: live.get(key) if rendering else None for key in ("frame", "sample", "samples", "device")}
 
 
 def thumbnail_url(job_id: int, number: int) -> str:
@@ -140,6 +154,7 @@ def snapshot(job: RenderJob) -> dict[str, Any]:
     if per_frame is not None and not job.ended:
         eta = round((total - done) * per_frame / max(1, rendering), 1)
     latest = frames.filter(state=RenderFrame.State.DONE).exclude(thumbnail_path="").order_by("-finished_at").first()
+    live = last_live(job.pk)
     return {
         "type": "render.progress",
         "job": job.pk,
@@ -155,7 +170,8 @@ def snapshot(job: RenderJob) -> dict[str, Any]:
         "thumbnail": thumbnail_url(job.pk, latest.number) if latest and job.files_removed_at is None else "",
         "latest_frame": latest.number if latest else None,
         "failure": job.failure_message,
-        "log_tail": log_tail(job),
+        "log_tail": log_tail(job, live),
+        **_current_frame(job, live),
     }
 
 
@@ -165,7 +181,7 @@ def announce(job: RenderJob, live: dict[str, Any] | None = None) -> None:
 
     def send() -> None:
         if live and live.get("log_tail"):  # kept first, so the snapshot and a page loaded now show it too
-            cache.set(_tail_key(job_id), live["log_tail"], TAIL_KEPT_S)
+            cache.set(_live_key(job_id), live, TAIL_KEPT_S)
         payload = snapshot(RenderJob.objects.get(pk=job_id))
         push.render_progress(owner_id, job_id, {**payload, **(live or {})})
 

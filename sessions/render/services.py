@@ -84,6 +84,7 @@ class Estimate:
     slices: int
     total_seconds: float
     cost: str
+    why_cpu: str = ""  # why Cycles renders on the CPU (the GPU is simulated, the build lacks a backend ...)
 
     @property
     def on_gpu(self) -> bool:
@@ -297,8 +298,16 @@ def _write_estimate(job: RenderJob, found: Probe) -> None:
         slices=slices,
         total_seconds=round(total, 1),
         cost=progress.shown(cost),
+        why_cpu=_why_cpu(found) if (found.result.device or "CPU") == "CPU" else "",
     )
     (job.folder_path() / ESTIMATE_FILE).write_text(json.dumps(asdict(estimate)))
+
+
+def _why_cpu(found: Probe) -> str:
+    """Why the probe rendered on the CPU: each GPU backend's reason it was passed over, or none was tried
+    (a simulated GPU has no device for Cycles to find)."""
+    notes = found.result.device_notes
+    return "; ".join(notes) if notes else "this slice's GPU is simulated"
 
 
 def estimate_of(job: RenderJob) -> Estimate | None:

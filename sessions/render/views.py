@@ -54,7 +54,13 @@ def _page(request: PortalRequest, form: RenderJobForm | None = None, status: int
     context: dict[str, object] = {
         "jobs": listed,
         "rows": [
-            (job, progress.shown(costs[job.pk]), done[job.pk], progress.percent_of(done[job.pk], job.frame_count))
+            (
+                job,
+                progress.shown(costs[job.pk]),
+                done[job.pk],
+                progress.percent_of(done[job.pk], job.frame_count),
+                job.badge_for(user.pk),
+            )
             for job in listed
         ],
         "everyone": is_operator(user),
@@ -152,6 +158,7 @@ def _detail(
     mine = job.owner_id == request.user.pk
     context: dict[str, object] = {
         "job": job,
+        "badge": job.badge_for(request.user.pk),
         "mine": mine,
         "estimate": services.estimate_of(job) if job.state == RenderJob.State.AWAITING_CONFIRMATION else None,
         "progress": progress.snapshot(job),

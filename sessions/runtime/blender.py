@@ -83,7 +83,7 @@ def write_preview(rendered, *args):
     try:
         image = bpy.data.images.load(rendered.render.frame_path(frame=frame))
     except RuntimeError as error:
-        say("note", "no preview of frame %d: %s" % (frame, error))
+        say("no_preview", "frame %d: %s" % (frame, error))
         return
     try:
         width, height = image.size
@@ -92,7 +92,7 @@ def write_preview(rendered, *args):
         image.save_render(os.path.join(OUT, options["preview_name"].format(frame)), scene=PREVIEW)
         say("preview", frame)
     except RuntimeError as error:
-        say("note", "no preview of frame %d: %s" % (frame, error))
+        say("no_preview", "frame %d: %s" % (frame, error))
     finally:
         bpy.data.images.remove(image)
 

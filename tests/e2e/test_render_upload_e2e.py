@@ -95,3 +95,33 @@ def test_an_image_named_blend_comes_back_on_the_form_in_words(
     expect(page.get_by_label("Frames", exact=True)).to_have_value("1-3")
     assert not RenderJob.objects.exists()
     page.screenshot(path=str(SCREENSHOTS / "render-upload-refused.png"), full_page=True)
+
+
+def test_a_zip_with_several_scenes_asks_which_one_with_each_choice_beside_its_button(
+    portal_server: str, page: Page, alice: User, render_fleet: None
+) -> None:
+    watch = PageWatch.on(page)
+    log_in(page, portal_server, "alice")
+    page.goto(portal_server + "/sessions/render-jobs/")
+    page.get_by_label("Frames", exact=True).fill("1-2")
+    two = scenes.zip_of(("a.blend", scenes.blend()), ("shots/main.blend", scenes.zstd_blend("402")))
+    page.get_by_label("Scene (.blend, or a .zip with its assets)").set_input_files(
+        files={"name": "two.zip", "mimeType": "application/zip", "buffer": two}
+    )
+    page.get_by_role("button", name="Upload and check").click()
+
+    expect(page.get_by_test_id("next-step")).to_contain_text("Say which one is the scene")
+    choice = page.get_by_label("shots/main.blend")
+    # Each button sits on its choice's line, just left of its name (the form's inputs are page-wide).
+    button, label = choice.bounding_box(), page.locator("label", has=choice).bounding_box()
+    assert button and label and button["width"] < 40, button
+    assert label["x"] <= button["x"] < label["x"] + 40 and label["y"] <= button["y"] <= label["y"] + label["height"]
+    page.screenshot(path=str(SCREENSHOTS / "render-main-file-choice.png"), full_page=True)
+    choice.check()
+    page.get_by_role("button", name="Use this file").click()
+
+    expect(page.get_by_test_id("state")).to_have_text(re.compile(r"^(Estimating|Failed)$"))
+    job = RenderJob.objects.get()
+    assert job.main_file == "shots/main.blend"
+    watch.assert_clean("the main file's choice")
+    jobs.remove_files(job)

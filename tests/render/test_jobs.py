@@ -118,6 +118,17 @@ def test_staff_see_everyones_jobs_and_filter_them_by_person_and_state(
     assert staff_client.get(reverse("render-job-detail", args=[job.pk])).status_code == 200
 
 
+def test_a_job_waiting_for_confirmation_waits_for_its_owners_as_staff_see_it(
+    alice: User, alice_client: Client, staff_client: Client
+) -> None:
+    job = a_job(alice, State.AWAITING_CONFIRMATION, gpu_kind="whole", gpu_profile="", gpu_model="A100-SXM4-80GB")
+    pages = (reverse("render-job-list"), reverse("render-job-detail", args=[job.pk]))
+    for page in pages:
+        assert ">Waiting for your confirmation</span>" in alice_client.get(page).content.decode()
+        assert ">Waiting for its owner&#x27;s confirmation</span>" in staff_client.get(page).content.decode()
+    assert "A100-SXM4-80GB whole GPU · On-demand" in alice_client.get(pages[1]).content.decode()
+
+
 def test_a_person_sees_only_their_own_jobs_and_no_filters(alice: User, bob: User, alice_client: Client) -> None:
     a_job(alice, upload_name="alice-shot.blend")
     a_job(bob, upload_name="bob-shot.blend")

@@ -16,6 +16,7 @@ import pytest
 from channels.db import database_sync_to_async
 from django.contrib.auth.models import User
 from django.core.cache import cache
+from django.urls import reverse
 from PIL import Image
 
 from billing import ledger
@@ -114,6 +115,10 @@ async def test_three_frames_render_on_a_mig_slice_with_live_progress_and_are_bil
     finished = events[-1]
     assert finished["frames_total"] == 3 and finished["percent"] == 100 and finished["cost"].endswith("CNY")
     assert finished["seconds_per_frame"] > 0 and finished["latest_frame"] in (1, 2, 3)
+    rendering = [event for event in events if event["state"] == State.RENDERING]
+    assert any(event["eta_seconds"] is not None for event in rendering), "a time left once a frame is done"
+    assert any(event["thumbnail"] for event in rendering), "the latest finished frame's thumbnail, as it renders"
+    assert finished["thumbnail"] == reverse("render-frame-thumbnail", args=[job.pk, finished["latest_frame"]])
     await database_sync_to_async(rendered_and_billed)(job, probe_slice)
     # What the wallet lost is what the job's two holdings were charged, and the job page's cost says so.
     paid = await database_sync_to_async(paid_for)(job)

@@ -91,6 +91,8 @@ def test_an_upload_is_estimated_confirmed_rendered_and_its_frames_downloaded_by_
     assert "every 2s" not in shown, "no more polling"
     assert "64 × 48 at 100 %" in shown and "CYCLES" in shown and "present" in shown
     assert re.search(r'data-testid="device">CPU<', shown)
+    assert "(this slice&#x27;s GPU is simulated)" in shown, "and why"
+    assert "<code>small.blend</code>" in shown, "the scene as its owner named it, not our scene.blend"
     assert re.search(r'data-testid="per-frame">\d+(\.\d+)? s<', shown)
     assert re.search(r'data-testid="cost">[\d.,]+ CNY<', shown)
     confirm_url = reverse("render-job-confirm", args=[job.pk])
@@ -106,7 +108,7 @@ def test_an_upload_is_estimated_confirmed_rendered_and_its_frames_downloaded_by_
     assert f'data-render-progress="/ws/render/{job.pk}/"' in page and static("js/render-progress.js") in page
     assert re.search(r'data-field="frames_done">3</span> of <span data-field="frames_total">3<', page)
     assert re.search(r'<progress max="100" value="100" data-field="percent"', page)
-    assert re.search(r'data-testid="cost-so-far">[\d.,]+ CNY<', page)
+    assert re.search(r'<dt>Cost</dt><dd data-field="cost" data-testid="cost-so-far">[\d.,]+ CNY<', page), "its cost"
     for number in (1, 2, 3):
         assert f'src="{reverse("render-frame-thumbnail", args=[job.pk, number])}"' in page
         assert f'href="{reverse("render-frame-download", args=[job.pk, number])}"' in page

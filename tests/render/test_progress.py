@@ -146,6 +146,42 @@ def test_the_job_page_shows_the_log_tail_its_running_chunk_pushed_as_it_loads(
     assert progress.snapshot(job)["log_tail"] == run.tail, "and what the socket sends with any later change"
 
 
+def test_the_job_page_shows_the_sample_reached_and_where_cycles_renders_as_it_loads(
+    alice: User,
+    settings,
+    tmp_path: Path,  # type: ignore[no-untyped-def]
+) -> None:
+    """Blender prints a sample line every few seconds at most (far fewer with many samples): a page loaded
+    between two shows what the last one said, not dashes until the next."""
+    from django.test import Client
+    from django.urls import reverse
+
+    settings.RENDER_DIR = tmp_path
+    job = a_job(alice, [1, 2])
+    RenderJob.objects.filter(pk=job.pk).update(queued_at=timezone.now())
+    client = Client()
+    client.force_login(alice)
+    page = reverse("render-job-detail", args=[job.pk])
+    assert current_frame_shown(client.get(page).content.decode()) == "sample — of — · on —", "nothing pushed yet"
+
+    run = progress.ChunkRun(job, on_saved=lambda name: None)
+    run.line('gpu-portal-x device "CPU"', Marked("device", "CPU"))
+    run.line("Fra:1 Mem:9M | Time:00:36.96 | Scene, ViewLayer | Sample 257/512", Progress(1, 37.0, 257, 512, ""))
+
+    assert current_frame_shown(client.get(page).content.decode()) == "sample 257 of 512 · on CPU"
+    RenderJob.objects.filter(pk=job.pk).update(state=RenderJob.State.CANCELLED, finished_at=timezone.now())
+    assert progress.snapshot(RenderJob.objects.get(pk=job.pk))["sample"] is None, "only while it renders"
+
+
+def current_frame_shown(page: str) -> str:
+    import html
+    import re
+
+    found = re.search(r'data-testid="current-frame">(.*?)</dd>', page, re.S)
+    assert found, "the page has the current frame's figures"
+    return " ".join(html.unescape(re.sub(r"<[^>]+>", "", found.group(1))).split())
+
+
 def test_once_no_chunk_runs_the_job_page_shows_the_end_of_the_last_chunks_output(
     alice: User, settings, tmp_path: Path
 ) -> None:  # type: ignore[no-untyped-def]
