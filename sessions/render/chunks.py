@@ -71,29 +71,48 @@ class Outcome:
 BUSY = "busy"  # another worker renders on this slice now: leave it to that one
 
 
+@dataclass(frozen=True)
+class Moved:
+    """The chunk that failed on this slice goes on to another free slice, taken for the job: this worker
+    releases the slice it leaves and carries on there (no task to send: a broker that does not answer
+    cannot strand the new slice)."""
+
+    slice_id: int
+
+
 def work_on_slice(job_id: int, slice_id: int) -> int:
     """Render the job's waiting chunks on this slice, one after another, then release it; returns how many
-    chunks ran here."""
+    chunks ran here (and on the slices a retry moved it to)."""
     ran = 0
     last_end: datetime | None = None
     while True:
         claim = _claim(job_id, slice_id)
         if claim == BUSY:
             return ran
+        if isinstance(claim, Moved):
+            _let_go(job_id, slice_id, last_end, "render chunk retried on another slice")
+            slice_id, last_end = claim.slice_id, None
+            continue
         if claim is None:
             break
         assert isinstance(claim, Claim)
         last_end = _run(claim) or last_end
         ran += 1
-    taken = Slice.objects.get(pk=slice_id)
-    if taken.released_at is None:
-        end_holding(slice_id, taken.held_from, last_end, "render job needs it no more")
-        progress.announce(RenderJob.objects.get(pk=job_id))
+    _let_go(job_id, slice_id, last_end, "render job needs it no more")
     return ran
 
 
-def _claim(job_id: int, slice_id: int) -> Claim | str | None:
-    """The next chunk for this slice, marked as rendering on it; None when the job has none for it."""
+def _let_go(job_id: int, slice_id: int, last_end: datetime | None, reason: str) -> None:
+    """Release the slice, its holding ending with its last container."""
+    taken = Slice.objects.get(pk=slice_id)
+    if taken.released_at is None:
+        end_holding(slice_id, taken.held_from, last_end, reason)
+        progress.announce(RenderJob.objects.get(pk=job_id))
+
+
+def _claim(job_id: int, slice_id: int) -> Claim | Moved | str | None:
+    """The next chunk for this slice, marked as rendering on it; None when the job has none for it; Moved
+    when the next one failed here and another slice was free for it."""
     with transaction.atomic():
         job = locked(job_id)
         taken = Slice.objects.filter(pk=slice_id, released_at__isnull=True).select_related("gpu").first()
@@ -106,8 +125,10 @@ def _claim(job_id: int, slice_id: int) -> Claim | str | None:
         if any(other.pk != slice_id for other in held_by(job_id)):
             waiting = waiting.exclude(slice_id=slice_id)  # a chunk that failed here is retried on another slice
         chunk = waiting.first()
-        if chunk is None or (_failed_here(chunk, slice_id) and another_slice(job) is not None):
-            return None  # nothing left for this slice, or its retry goes to the other slice just taken
+        if chunk is None:
+            return None
+        if _failed_here(chunk, slice_id) and (other := another_slice(job)) is not None:
+            return Moved(other.pk)
         chunk.state, chunk.slice, chunk.attempts = ChunkState.RENDERING, taken, chunk.attempts + 1
         chunk.started_at, chunk.finished_at = timezone.now(), None
         chunk.save(update_fields=["state", "slice", "attempts", "started_at", "finished_at"])

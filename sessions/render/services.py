@@ -407,16 +407,14 @@ def dispatch(job_id: int) -> int:
 
 
 def another_slice(job: RenderJob) -> Slice | None:
-    """A further slice of the job's offer for a chunk that failed on the one it holds, its worker sent once
-    this commits; None where none is free (the chunk is tried again where it failed). The caller then
-    releases the slice it failed on, so the job holds no more slices than before."""
+    """A further slice of the job's offer for a chunk that failed on the one it holds; None where none is free
+    (the chunk is tried again where it failed). The caller releases the slice it failed on and carries on on
+    this one, so the job holds no more slices than before."""
     try:
-        taken = allocate(job.owner, job.request, holder=Holder.render(job.pk))
+        return allocate(job.owner, job.request, holder=Holder.render(job.pk))
     except AllocationRefused as refused:
         log.info("render job %s: no other slice for a retry (%s); it is tried where it failed", job.pk, refused.reason)
         return None
-    _send(WORK_ON_SLICE, job.pk, taken.pk)
-    return taken
 
 
 def end_holding(slice_id: int, since: datetime | None, until: datetime | None, reason: str) -> None:
