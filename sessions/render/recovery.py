@@ -3,7 +3,8 @@
 At its start the render worker finds the chunks it was rendering (their workers died with it): their
 containers are stopped and the chunks wait again, without losing an attempt, and each job gets workers for
 its slices again. Reconciliation frees what a crashed job left: slices a finished (or vanished) job still
-holds, containers of jobs that ended, chunks whose container is gone; seeks slices for jobs that wait; and
+holds, containers of jobs that ended, chunks whose container is gone; seeks slices for jobs that wait, and
+workers for slices nobody works on; and
 sends the estimate again where its task was lost (a broker that did not answer the upload).
 As with notebooks (sessions/notebooks/reconcile.py), safe to run at any time.
 """
@@ -85,9 +86,24 @@ def reconcile(runtime: DockerRuntime | None = None) -> dict[str, int]:
     counts["chunks_put_back"] = _put_back_lost_chunks(runtime)
     waiting = RenderJob.objects.filter(state__in=services.RUNNING, chunks__state=ChunkState.PENDING).distinct()
     for job_id in waiting.values_list("pk", flat=True):
-        if not services.held_by(job_id):
+        if _wants_workers(job_id):
             counts["workers_sent"] += services.dispatch(job_id)
     return counts
+
+
+def _wants_workers(job_id: int) -> bool:
+    """A job whose chunks wait and that holds no slice, or holds one nobody has worked on for a while: its
+    worker's task was lost (the broker did not take it just after the slice was allocated). A worker sent to a
+    slice another one works on finds it busy and returns, so sending one too many costs nothing."""
+    held = services.held_by(job_id)
+    if not held:
+        return True
+    since = timezone.now() - GRACE
+    chunks = RenderChunk.objects.filter(job_id=job_id)
+    busy = set(
+        chunks.filter(Q(state=ChunkState.RENDERING) | Q(finished_at__gte=since)).values_list("slice_id", flat=True)
+    )
+    return any(taken.pk not in busy and taken.allocated_at < since for taken in held)
 
 
 def _send_lost_estimates() -> int:

@@ -13,6 +13,7 @@ from django.utils import timezone
 
 from sessions.gpus.allocator import SliceRequest, allocate, holding_started
 from sessions.gpus.holders import Holder
+from sessions.gpus.models import Slice
 from sessions.render import recovery, services
 from sessions.render.models import RenderChunk, RenderFrame, RenderJob
 from tests.render.leftovers import traces
@@ -197,3 +198,25 @@ def test_a_render_worker_killed_mid_chunk_puts_the_chunk_back_at_its_next_start_
     wait_for(lambda: slices_of(job)[0].released_at, 30, "its slice released")
     [held] = slices_of(job)
     assert held.held_from is not None and held.held_until is not None
+
+
+def test_reconciliation_sends_a_worker_to_a_slice_whose_workers_task_was_lost(
+    render_stack: Path, render_worker: str, scenes: Path, alice: User
+) -> None:
+    """The job got its slice, then the broker did not take the slice's worker task: the slice sits held with
+    its chunks waiting. Reconciliation sends it a worker and the job renders; a slice just allocated, which
+    its own worker is about to reach, is left alone."""
+    job = make_job(alice, scenes / "small.blend", [1, 2], State.QUEUED, samples=1)
+    RenderFrame.objects.bulk_create([RenderFrame(job=job, number=number) for number in (1, 2)])
+    RenderChunk.objects.create(job=job, index=0, frames=[1, 2])
+    lost = allocate(alice, SliceRequest("mig", "1g.18gb", "H200"), holder=Holder.render(job.pk))
+
+    assert recovery.reconcile()["workers_sent"] == 0, "a slice allocated just now waits for its own worker"
+    Slice.objects.filter(pk=lost.pk).update(allocated_at=timezone.now() - timedelta(minutes=3))
+    assert recovery.reconcile()["workers_sent"] == 1
+
+    wait_for(lambda: state_of(job) == State.DONE, 240, "the job rendered on its slice")
+    assert RenderFrame.objects.filter(job=job, state=RenderFrame.State.DONE).count() == 2
+    lost.refresh_from_db()
+    assert lost.released_at is not None and lost.held_from is not None
+    assert [taken.pk for taken in slices_of(job)] == [lost.pk], "no other slice was taken for it"
