@@ -285,8 +285,11 @@ def test_a_run_writing_past_its_output_limit_is_stopped_at_once_and_says_so(
     assert ended.failure(120, spec.limits.memory_bytes) == (
         "stopped: it wrote more than 1 MiB into its output folder, its limit"
     )
+    # Past the limit by what it wrote between two counts and the kill: a shell makes tens of thousands of empty
+    # files a second (each counted at 4 KiB), so on a busy machine that is tens of MiB; at the wall time it
+    # would be gigabytes.
     written = folder_bytes(output)
-    assert 1 << 20 < written < 64 << 20, f"stopped soon after the limit, not at the wall time ({written} bytes)"
+    assert 1 << 20 < written < 256 << 20, f"stopped soon after the limit, not at the wall time ({written} bytes)"
     assert runtime.containers_for("render") == []
 
 
