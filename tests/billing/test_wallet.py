@@ -68,6 +68,15 @@ def test_history_filters_by_kind_and_gpu(hold: Hold, alice: User) -> None:
     assert a30.lstrip().startswith('<section aria-labelledby="history-heading"') and a30.count("usage-row") == 1
 
 
+def test_each_usage_in_the_history_says_what_held_the_slice(hold: Hold, alice: User) -> None:
+    held = hold(alice, timedelta(minutes=3), request=H200_3G, lasted=timedelta(minutes=2))
+    meter.tick()
+    page = client_of(alice).get(PAGE).content.decode()
+    holder = held.holder
+    assert holder is not None
+    assert f'<a href="{holder.url}" data-testid="slice-holder">{holder.label}</a>' in page
+
+
 def test_the_history_filters_show_the_range_and_kind_they_used(alice: User) -> None:
     today = timezone.now().date()
     page = client_of(alice).get(PAGE, {"kind": "mig"}).content.decode()
