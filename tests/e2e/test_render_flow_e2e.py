@@ -79,6 +79,9 @@ def test_a_scene_uploaded_in_the_browser_is_estimated_confirmed_rendered_shown_a
     page.get_by_label("Frames", exact=True).fill("1-3")
     page.get_by_label("GPU slice").select_option(OFFER)
     page.get_by_label("Frames per chunk").fill("3")
+    # Enough samples that the frames take seconds (the scene's own 4 take a fraction of one): the page's socket
+    # must be open while Blender samples, or no sample line can reach it.
+    page.get_by_label("Samples").fill("1500")
     page.get_by_label("Scene (.blend, or a .zip with its assets)").set_input_files(str(scenes / "small.blend"))
     shot(page, "1-upload-form")
     page.get_by_role("button", name="Upload and check").click()
@@ -108,7 +111,7 @@ def test_a_scene_uploaded_in_the_browser_is_estimated_confirmed_rendered_shown_a
     listed.expose_function("reportRow", lambda words: rows_seen.append(words))
     listed.evaluate(WATCH_ROW, f"render-job-{job.pk}")
     # Only the socket carries the sample count: the page as served shows a dash there.
-    expect(region.locator('[data-field="samples"]')).to_have_text("4", timeout=180_000)
+    expect(region.locator('[data-field="samples"]')).to_have_text("1500", timeout=180_000)
     expect(page.get_by_test_id("state")).to_have_text("Rendering")  # the badge at the top follows the socket too
     shot(page, "3-rendering")
 
