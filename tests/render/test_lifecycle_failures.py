@@ -217,6 +217,7 @@ def test_reconciliation_sends_a_worker_to_a_slice_whose_workers_task_was_lost(
 
     wait_for(lambda: state_of(job) == State.DONE, 240, "the job rendered on its slice")
     assert RenderFrame.objects.filter(job=job, state=RenderFrame.State.DONE).count() == 2
-    lost.refresh_from_db()
-    assert lost.released_at is not None and lost.held_from is not None
+    # The worker lets the slice go once it finds no chunk left, a moment after the job is done.
+    wait_for(lambda: Slice.objects.get(pk=lost.pk).released_at is not None, 60, "the slice released")
+    assert Slice.objects.get(pk=lost.pk).held_from is not None
     assert [taken.pk for taken in slices_of(job)] == [lost.pk], "no other slice was taken for it"
