@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from datetime import datetime
+from functools import cache
 from typing import Any
 
 import psycopg
@@ -204,6 +205,7 @@ def _turn(pools: Sequence[str]) -> tuple[str, list[Any]]:
     return "SELECT count(pg_advisory_xact_lock(k)) FROM unnest(%s::bigint[]) AS k", [keys]
 
 
+@cache
 def _lock_key(pool: str) -> int:
     """A stable 64-bit advisory-lock key for an allocation pool."""
     digest = hashlib.sha256(f"gpu-portal:allocate:{pool}".encode()).digest()
@@ -212,12 +214,17 @@ def _lock_key(pool: str) -> int:
 
 def _models_for(request: SliceRequest) -> list[GpuModel]:
     """The catalog models that have the requested profile, in the order they are tried."""
-    names = [request.model] if request.model else sorted(catalog.models())
-    return [
+    return list(_models_with(request.model, request.profile))
+
+
+@cache
+def _models_with(model_name: str, profile: str) -> tuple[GpuModel, ...]:
+    names = [model_name] if model_name else sorted(catalog.models())  # the catalog never changes in a process
+    return tuple(
         model
         for name in names
-        if (model := catalog.models().get(name)) and any(p.name == request.profile for p in model.profiles)
-    ]
+        if (model := catalog.models().get(name)) and any(p.name == profile for p in model.profiles)
+    )
 
 
 def _groups_sql(request: SliceRequest) -> tuple[str, list[Any]]:
@@ -235,7 +242,7 @@ def _groups_sql(request: SliceRequest) -> tuple[str, list[Any]]:
         params.append(request.host)
     sql = (
         f"SELECT model_name, mig_policy, layout_key, min(id) AS first FROM {GPU} WHERE {where}"
-        " GROUP BY model_name, mig_policy, compute_used, layout_key ORDER BY first"  # in the index's order
+        " GROUP BY model_name, mig_policy, compute_used, layout_key ORDER BY first"
     )
     return sql, params
 
@@ -280,17 +287,22 @@ def _place(
     each such miss means the fleet changed, so the loop ends.
     """
     while True:
-        mine = [(policy, key) for name, policy, key, _ in groups if name == model.name]
-        if any(policy == Gpu.Policy.STATIC for policy, _ in mine):
+        firsts, static = {}, False
+        for name, policy, key, first in groups:
+            if name == model.name:
+                if policy == Gpu.Policy.DYNAMIC:
+                    firsts[key] = first
+                else:
+                    static = True
+        if static:
             taken = _take_layout_instance(owner, request, profile, holder)
             if taken:
                 return taken
-        candidates = [(key, Layout.from_key(key)) for policy, key in mine if policy == Gpu.Policy.DYNAMIC]
-        choice = rule(model, candidates, profile)
+        choice = rule(model, [(key, Layout.from_key(key)) for key in firsts], profile)
         if choice is None:
             return None
         key, start = choice
-        claimed = _claim(request, model, profile, Layout.from_key(key), start)
+        claimed = _claim(firsts[key], Layout.from_key(key), profile, start)
         if claimed:
             return _made(owner, request, profile, start, claimed, holder)
         groups = _batch(_groups_sql(request))[0]
@@ -313,34 +325,24 @@ def _take_layout_instance(owner: User, request: SliceRequest, profile: Profile, 
     return None
 
 
-def _claim(
-    request: SliceRequest, model: GpuModel, profile: Profile, layout: Layout, start: int
-) -> tuple[int, str, str] | None:
-    """Lock the first GPU with this layout and write its new layout, in one statement.
+def _claim(gpu_id: int, layout: Layout, profile: Profile, start: int) -> tuple[int, str, str] | None:
+    """Lock the GPU, the first of its layout, and write its new layout, in one statement.
 
-    The lock waits for a parallel request holding that GPU; PostgreSQL then checks the row
-    again and, if its layout changed, goes on to the next GPU with the old layout. Returns
-    (id, uuid, backend), or None when no GPU has this layout any more.
+    Our turn keeps other allocations off the pool, so only a release can have changed the GPU since the
+    look: the update waits for its row lock, checks the layout again and, if it changed, writes nothing
+    (the caller looks again). Returns (id, uuid, backend), or None.
+
+    By primary key: no index holds the layout columns, so claims and releases are HOT updates that
+    leave every index of the table alone (measured: see bench/results/README.md, issue 12).
     """
-    # Every column of the placement index up to the layout is fixed, so the first GPU by id is one probe
-    # of the index (measured: 0.6 ms where leaving compute_used out sorted every GPU of the layout, 2.2 ms).
-    where = ["sharing = 'mig'", "state = 'ok'", "model_name = %s", "mig_policy = 'dynamic'"]
-    where += ["compute_used = %s", "layout_key = %s"]
-    params: list[Any] = [model.name, layout.compute_used, layout.key]
-    if request.host:
-        where.append(f"host_id IN (SELECT id FROM {HOST} WHERE name = %s)")
-        params.append(request.host)
     after = layout.with_instance(profile, start)
-    # NO KEY: the new slice's and instance's foreign-key checks (at commit) take KEY SHARE locks on
-    # GPU rows, which a plain FOR UPDATE held by a parallel claim would block: a deadlock.
-    lock = " FOR NO KEY UPDATE" if connection.features.has_select_for_update else ""
     with connection.cursor() as cursor:
         cursor.execute(
             f"UPDATE {GPU} SET memory_mask = %s, compute_used = %s, profile_counts = %s, layout_key = %s,"
             " active_slices = active_slices + 1"
-            f" WHERE id = (SELECT id FROM {GPU} WHERE {' AND '.join(where)} ORDER BY id LIMIT 1{lock})"
-            f" AND layout_key = %s RETURNING id, uuid, (SELECT backend FROM {HOST} WHERE id = host_id)",
-            [*_layout_values(after), *params, layout.key],
+            " WHERE id = %s AND layout_key = %s AND state = 'ok' AND sharing = 'mig' AND mig_policy = 'dynamic'"
+            f" RETURNING id, uuid, (SELECT backend FROM {HOST} WHERE id = host_id)",
+            [*_layout_values(after), gpu_id, layout.key],
         )
         row = cursor.fetchone()
     return (int(row[0]), str(row[1]), str(row[2])) if row else None
@@ -410,14 +412,19 @@ def _mig_slice(
 
 def _insert(row: Slice | GpuInstance, **sql: tuple[str, Any]) -> tuple[str, list[Any]]:
     """The INSERT ... RETURNING id for an unsaved row; ``sql`` gives a field an SQL expression and its one parameter."""
-    fields = [field for field in type(row)._meta.concrete_fields if not field.primary_key]
+    fields, columns = _insert_columns(type(row))
     marks, values = [], []
     for field in fields:
         mark, value = sql.get(field.name, ("%s", field.get_db_prep_save(getattr(row, field.attname), connection)))
         marks.append(mark)
         values.append(value)
-    columns = ", ".join(field.column for field in fields)
     return f"INSERT INTO {row._meta.db_table} ({columns}) VALUES ({', '.join(marks)}) RETURNING id", values
+
+
+@cache
+def _insert_columns(model: type[Slice] | type[GpuInstance]) -> tuple[list[Any], str]:
+    fields = [field for field in model._meta.concrete_fields if not field.primary_key]
+    return fields, ", ".join(field.column for field in fields)
 
 
 def _unclaim(gpu_id: int, profile: Profile, start: int) -> None:
@@ -473,22 +480,31 @@ def release(slice_id: int, reason: str = "released") -> None:
     (they only ever add room); the GPU's row lock keeps its bookkeeping exact against a parallel
     claim, which waits for it and then checks again.
     """
-    lock = " FOR NO KEY UPDATE OF s, g" if connection.features.has_select_for_update_of else ""
+    lock = " FOR NO KEY UPDATE" if connection.features.has_select_for_update else ""
+    held = f"(SELECT {{}} FROM {SLICE} WHERE id = %s AND released_at IS NULL)"
     with _transaction():
-        # A second release of the same slice waits for this one's lock, then finds it released.
-        [found] = _batch(
+        # The slice, then its GPU, each locked by its own statement in one round trip: one join of the
+        # four tables cost PostgreSQL 0.5 ms to plan, the three statements 0.2 ms together. A second
+        # release of the same slice waits for this one's lock, then finds it released (and locks nothing).
+        this, gpu, instance = _batch(
+            (f"SELECT id FROM {SLICE} WHERE id = %s AND released_at IS NULL{lock}", [slice_id]),
             (
-                "SELECT g.id, g.uuid, g.model_name, g.memory_mask, g.compute_used, g.profile_counts, h.backend,"
-                f" i.id, i.profile, i.start, i.gi_id FROM {SLICE} s JOIN {GPU} g ON g.id = s.gpu_id"
-                f" JOIN {HOST} h ON h.id = g.host_id LEFT JOIN {INSTANCE} i ON i.id = s.instance_id"
-                f" AND i.origin = 'dynamic' WHERE s.id = %s AND s.released_at IS NULL{lock}",
+                "SELECT g.id, g.uuid, g.model_name, g.memory_mask, g.compute_used, g.profile_counts,"
+                f" (SELECT backend FROM {HOST} WHERE id = g.host_id) FROM {GPU} g"
+                f" WHERE g.id = {held.format('gpu_id')}{lock}",
+                [slice_id],
+            ),
+            (
+                f"SELECT id, profile, start, gi_id FROM {INSTANCE}"
+                f" WHERE id = {held.format('instance_id')} AND origin = 'dynamic'",
                 [slice_id],
             ),
         )
-        if not found:
+        if not this or not gpu:
             _refuse_release(slice_id)
             return
-        gpu_id, gpu_uuid, model_name, mask, compute, counts, backend, instance_id, profile, start, gi_id = found[0]
+        gpu_id, gpu_uuid, model_name, mask, compute, counts, backend = gpu[0]
+        instance_id, profile, start, gi_id = instance[0] if instance else (None, None, None, None)
         moment = Slice._meta.get_field("released_at").get_db_prep_save(timezone.now(), connection)
         # A dynamic instance is made for its one slice and goes with it (the deferred foreign key would
         # refuse the commit if any other slice still pointed at it).

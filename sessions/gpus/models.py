@@ -79,13 +79,8 @@ class Gpu(models.Model):
     class Meta:
         ordering = ["host__name", "index"]
         constraints = [models.UniqueConstraint(fields=["host", "index"], name="gpu_unique_index_per_host")]
-        # The allocator groups placeable GPUs by layout: this index answers that from the index alone.
-        indexes = [
-            models.Index(
-                fields=["model_name", "sharing", "state", "mig_policy", "compute_used", "layout_key", "id"],
-                name="gpu_placement_idx",
-            ),
-        ]
+        # No index holds the layout columns (memory_mask ... active_slices): the allocator rewrites them on
+        # every claim and release, and with none indexed those are HOT updates (see migration 0014).
 
     def __str__(self) -> str:
         return f"{self.host.name} GPU {self.index} ({self.model_name})"
