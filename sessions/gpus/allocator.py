@@ -212,9 +212,9 @@ def _lock_key(pool: str) -> int:
     return int.from_bytes(digest[:8], "big", signed=True)
 
 
-def _models_for(request: SliceRequest) -> list[GpuModel]:
+def _models_for(request: SliceRequest) -> tuple[GpuModel, ...]:
     """The catalog models that have the requested profile, in the order they are tried."""
-    return list(_models_with(request.model, request.profile))
+    return _models_with(request.model, request.profile)
 
 
 @cache
@@ -242,7 +242,7 @@ def _groups_sql(request: SliceRequest) -> tuple[str, list[Any]]:
         params.append(request.host)
     sql = (
         f"SELECT model_name, mig_policy, layout_key, min(id) AS first FROM {GPU} WHERE {where}"
-        " GROUP BY model_name, mig_policy, compute_used, layout_key ORDER BY first"
+        " GROUP BY model_name, mig_policy, layout_key ORDER BY first"  # the key holds compute_used
     )
     return sql, params
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 from datetime import timedelta
 from decimal import ROUND_HALF_UP, Decimal
 from pathlib import Path
+from typing import Any
 
 import pytest
 from asgiref.sync import sync_to_async
@@ -121,20 +122,25 @@ def test_chunks_take_the_frames_in_order_the_last_one_shorter() -> None:
     assert services.split([1, 2, 3], 0) == [[1], [2], [3]]
 
 
+def queued_job_page(owner: User) -> tuple[RenderJob, Any, str]:
+    """A queued two-frame job rendering, its owner logged in, and its page's address."""
+    from django.test import Client
+    from django.urls import reverse
+
+    job = a_job(owner, [1, 2])
+    RenderJob.objects.filter(pk=job.pk).update(queued_at=timezone.now())
+    client = Client()
+    client.force_login(owner)
+    return job, client, reverse("render-job-detail", args=[job.pk])
+
+
 def test_the_job_page_shows_the_log_tail_its_running_chunk_pushed_as_it_loads(
     alice: User,
     settings,
     tmp_path: Path,  # type: ignore[no-untyped-def]
 ) -> None:
-    from django.test import Client
-    from django.urls import reverse
-
     settings.RENDER_DIR = tmp_path
-    job = a_job(alice, [1, 2])
-    RenderJob.objects.filter(pk=job.pk).update(queued_at=timezone.now())
-    client = Client()
-    client.force_login(alice)
-    page = reverse("render-job-detail", args=[job.pk])
+    job, client, page = queued_job_page(alice)
     assert tail_shown(client.get(page).content.decode()) == "", "nothing pushed yet: an empty tail"
 
     run = progress.ChunkRun(job, on_saved=lambda name: None)
@@ -153,15 +159,8 @@ def test_the_job_page_shows_the_sample_reached_and_where_cycles_renders_as_it_lo
 ) -> None:
     """Blender prints a sample line every few seconds at most (far fewer with many samples): a page loaded
     between two shows what the last one said, not dashes until the next."""
-    from django.test import Client
-    from django.urls import reverse
-
     settings.RENDER_DIR = tmp_path
-    job = a_job(alice, [1, 2])
-    RenderJob.objects.filter(pk=job.pk).update(queued_at=timezone.now())
-    client = Client()
-    client.force_login(alice)
-    page = reverse("render-job-detail", args=[job.pk])
+    job, client, page = queued_job_page(alice)
     assert current_frame_shown(client.get(page).content.decode()) == "sample — of — · on —", "nothing pushed yet"
 
     run = progress.ChunkRun(job, on_saved=lambda name: None)
