@@ -52,6 +52,11 @@ def _database() -> dict[str, object]:
         raise ImproperlyConfigured("DATABASE_URL must start with sqlite:// or postgres://.")
     if engine.endswith("postgresql") and env.integer("PORTAL_DB_POOL_SIZE", 10, minimum=0):
         config["OPTIONS"] = {**config.get("OPTIONS", {}), "pool": _pool()}  # type: ignore[dict-item]
+    if engine.endswith("postgresql") and env.flag("PORTAL_DB_PREPARED_STATEMENTS", True):
+        # Only the allocator's statements (sessions.gpus.statements, server-side binding) can be prepared:
+        # Django's own cursors bind on the client, which psycopg never prepares. From a statement's fifth use
+        # on a connection, psycopg's default.
+        config["OPTIONS"] = {**config.get("OPTIONS", {}), "prepare_threshold": 5}  # type: ignore[dict-item]
     if engine.endswith("sqlite3"):
         Path(str(config["NAME"])).parent.mkdir(parents=True, exist_ok=True)
         config["OPTIONS"] = {"timeout": 20, "transaction_mode": "IMMEDIATE"}

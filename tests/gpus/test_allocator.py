@@ -222,3 +222,26 @@ def test_the_fleets_free_room_is_counted_in_the_same_queries_for_one_static_gpu_
         assert free[f"{H200} 3g.71gb"] == listed[f"mig:{H200}:3g.71gb"] == 11  # 1 + 5 * 2 room, then 6 * 2 - 1
         counted.append(len(queries))
     assert counted[0] == counted[1]
+
+
+def test_the_launch_paths_statements_reach_djangos_query_log_and_are_prepared_on_postgresql(
+    h200s: list[Gpu], many_slices: User
+) -> None:
+    """The hot path's plain statements go through Django's cursor (query counting and execute wrappers see them);
+    on PostgreSQL psycopg prepares them once they repeat, instead of planning each launch's anew."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    with CaptureQueriesContext(connection) as queries:
+        for _ in range(6):
+            release(allocate(many_slices, mig("1g.18gb")).pk)
+    logged = [query["sql"] for query in queries.captured_queries]
+    claims = [sql for sql in logged if sql.startswith("UPDATE gpu_sessions_gpu SET memory_mask")]
+    assert len(claims) == 12  # six claims and six releases of the layout
+    assert sum(sql.startswith("INSERT INTO gpu_sessions_slice") for sql in logged) == 6
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT statement FROM pg_prepared_statements")
+            prepared = [row[0] for row in cursor.fetchall()]
+        assert any(sql.startswith("UPDATE gpu_sessions_gpu SET memory_mask") for sql in prepared)
+        assert any(sql.startswith("SELECT model_name, mig_policy, layout_key") for sql in prepared)

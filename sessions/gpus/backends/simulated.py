@@ -14,9 +14,7 @@ import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from django.db import connection
-
-from sessions.gpus import catalog
+from sessions.gpus import catalog, statements
 from sessions.gpus.backends.base import (
     BackendError,
     DeviceSample,
@@ -168,14 +166,12 @@ class SimulatedBackend:
 
         model = self._spec(gpu_uuid).model
         layout, used = Layout(), set()
-        with connection.cursor() as cursor:
-            cursor.execute(
-                f"SELECT gi_id, profile, start FROM {SimulatedGpuInstance._meta.db_table} WHERE gpu_uuid = %s",
-                [gpu_uuid],
-            )
-            for gi_id, name, start in cursor.fetchall():
-                layout = layout.with_instance(model.profile(name), start)
-                used.add(int(gi_id))
+        table = SimulatedGpuInstance._meta.db_table
+        for gi_id, name, start in statements.rows(
+            f"SELECT gi_id, profile, start FROM {table} WHERE gpu_uuid = %s", [gpu_uuid]
+        ):
+            layout = layout.with_instance(model.profile(name), start)
+            used.add(int(gi_id))
         return layout, used
 
     def sample(self, activity: Mapping[str, float], now: float | None = None) -> list[GpuSample]:
@@ -202,7 +198,9 @@ class SimulatedBackend:
         as the driver hands them out. The portal holds the GPU's row lock meanwhile.
 
         Two plain statements (read the device, insert): measured, one INSERT ... SELECT checking the
-        rules in SQL spent 0.4-0.7 ms planning, more than the second round trip costs.
+        rules in SQL spent 0.4-0.7 ms planning, more than the second round trip costs. The insert is
+        queued (``statements.queue``): in the allocator's ``together()`` block it goes with the portal's
+        own records of the instance.
         """
         from sessions.gpus.models import SimulatedGpuInstance
 
@@ -215,12 +213,11 @@ class SimulatedBackend:
         if problem:
             raise BackendError(problem, code="insufficient_resources")
         device_uuid = f"MIG-{uuid.uuid5(NAMESPACE, f'{gpu_uuid}/{profile.name}/{start}')}"
-        with connection.cursor() as cursor:
-            cursor.execute(
-                f"INSERT INTO {SimulatedGpuInstance._meta.db_table}"
-                " (gpu_uuid, gi_id, profile, start, size, device_uuid) VALUES (%s, %s, %s, %s, %s, %s)",
-                [gpu_uuid, free_ids[0], profile.name, start, profile.placement_size, device_uuid],
-            )
+        statements.queue(
+            f"INSERT INTO {SimulatedGpuInstance._meta.db_table}"
+            " (gpu_uuid, gi_id, profile, start, size, device_uuid) VALUES (%s, %s, %s, %s, %s, %s)",
+            [gpu_uuid, free_ids[0], profile.name, start, profile.placement_size, device_uuid],
+        )
         return FoundInstance(
             profile=profile.name,
             start=start,
@@ -231,13 +228,13 @@ class SimulatedBackend:
         )
 
     def destroy_instance(self, gpu_uuid: str, gi_id: int) -> None:
+        """Remove the instance; one that is not there is ``not_found``, as NVML says. What it deleted comes
+        back as rows (``RETURNING``), which a pipelined statement gives where its row count does not."""
         from sessions.gpus.models import SimulatedGpuInstance
 
         table = SimulatedGpuInstance._meta.db_table
-        with connection.cursor() as cursor:
-            cursor.execute(f"DELETE FROM {table} WHERE gpu_uuid = %s AND gi_id = %s", [gpu_uuid, gi_id])
-            deleted = cursor.rowcount
-        if not deleted:
+        sql = f"DELETE FROM {table} WHERE gpu_uuid = %s AND gi_id = %s RETURNING gi_id"
+        if not statements.rows(sql, [gpu_uuid, gi_id]):
             raise BackendError(f"no GPU instance {gi_id} on {gpu_uuid}", code="not_found")
 
 
