@@ -509,13 +509,8 @@ def release(slice_id: int, reason: str = "released") -> None:
                     [*_layout_values(after), gpu_id],
                 ),
             ]
-        with statements.together():
-            # The driver first: one that refuses raises before any of the writes is queued. The writes go
-            # with what the driver sends last (the simulated one's own delete).
-            if instance_id is not None:
-                _destroy(backend, gpu_uuid, gi_id, slice_id)
-            for sql, params in writes:
-                statements.queue(sql, params)
+            _destroy(backend, gpu_uuid, gi_id, slice_id)  # first: a driver that refuses leaves nothing written
+        statements.run(*writes)
 
 
 def _destroy(backend: str, gpu_uuid: str, gi_id: int, slice_id: int) -> None:

@@ -4,8 +4,9 @@ An allocation and a release are a handful of small statements. Sent one at a tim
 round trip and a fresh plan. Here they go through psycopg's own pipeline (the statements of one
 ``together()`` block reach PostgreSQL in one round trip, its transaction's BEGIN included) on a
 server-side binding cursor, which psycopg prepares from a statement's fifth use on a connection
-(its ``prepare_threshold``, which settings.py turns on). Measured on 1,000 GPUs: PostgreSQL's CPU per allocate+release
-went from 5.0-6.0 ms (planned each time) to 3.0-3.6 ms (prepared), with the same round trips.
+(its ``prepare_threshold``, which settings.py turns on; Django leaves it off). Measured on 1,000
+GPUs, allocate+release on the launch path: p50 13-15 ms planned each time, 10-11 ms prepared
+(bench/results/README.md, issue 12).
 
 They run on Django's connection, inside the caller's transaction, through Django's cursor
 wrapper, so its execute wrappers and query log see every one. SQLite runs each at once.
