@@ -105,6 +105,36 @@ def test_a_profile_the_model_lacks_is_refused_clearly(h200s: list[Gpu], alice: U
     assert not Slice.objects.exists()
 
 
+def test_a_request_names_models_as_the_fleet_setting_does_and_unknown_names_are_told_apart(
+    make_fleet: FleetMaker, many_slices: User
+) -> None:
+    make_fleet("sim-1: 1xH200:mig, 1xA30:shared=2")
+    assert allocate(many_slices, mig("1g.18gb", model="H200")).gpu.model_name == H200
+    assert allocate(many_slices, SliceRequest(kind=Slice.Kind.SHARED, model="A30")).gpu.model_name == "A30-24GB"
+    with pytest.raises(AllocationRefused, match="There is no GPU model 'H201'; try one of ") as refused:
+        allocate(many_slices, mig("1g.18gb", model="H201"))
+    assert refused.value.code == "unknown_model"
+    with pytest.raises(AllocationRefused, match="There is no GPU host named 'sim-9'") as refused:
+        allocate(many_slices, mig("1g.18gb", host="sim-9"))
+    assert refused.value.code == "unknown_host"
+    assert Slice.objects.filter(owner=many_slices).count() == 2
+
+
+def test_a_kind_of_gpu_the_fleet_does_not_offer_is_refused_as_unavailable_not_busy(
+    make_fleet: FleetMaker, many_slices: User
+) -> None:
+    make_fleet("sim-1: 1xH200:mig, 1xA30:shared=2")
+    with pytest.raises(AllocationRefused) as refused:
+        allocate(many_slices, SliceRequest(kind=Slice.Kind.WHOLE))
+    assert refused.value.code == "unavailable"
+    assert refused.value.reason == "No GPU in the fleet is offered as a whole GPU."
+    with pytest.raises(AllocationRefused) as refused:
+        allocate(many_slices, SliceRequest(kind=Slice.Kind.SHARED, model="H200"))
+    assert refused.value.code == "unavailable"
+    assert refused.value.reason == f"No GPU of {H200} in the fleet is offered as a time-sliced share."
+    assert not Slice.objects.exists()
+
+
 def test_no_capacity_says_what_is_free(h200s: list[Gpu], many_slices: User) -> None:
     allocate(many_slices, mig("7g.141gb"))
     allocate(many_slices, mig("4g.71gb"))
@@ -197,6 +227,20 @@ def test_the_database_refuses_a_holder_without_an_id_or_an_end_before_the_start(
         with pytest.raises(IntegrityError), transaction.atomic():
             Slice.objects.filter(pk=taken.pk).update(**bad)
     Slice.objects.filter(pk=taken.pk).update(held_from=now, held_until=now)  # a holder that ran for no time at all
+
+
+def test_the_database_spells_a_holder_as_its_text_does(h200s: list[Gpu], many_slices: User) -> None:
+    """The metrics history keeps a holder as text; reports match it with the database's spelling."""
+    from django.db.models import F
+
+    from sessions.gpus import holders
+
+    for holder in (Holder.render(3), Holder.notebook(1234)):
+        taken = allocate(many_slices, mig("1g.18gb"), holder=holder)
+        spelled = Slice.objects.filter(pk=taken.pk).values_list(
+            holders.as_text(F("holder_kind"), F("holder_id")), flat=True
+        )
+        assert list(spelled) == [str(holder)]
 
 
 def test_the_fleets_free_room_is_counted_in_the_same_queries_for_one_static_gpu_and_for_six(

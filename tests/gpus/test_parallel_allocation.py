@@ -93,6 +93,7 @@ def rounds_at_once(
     [
         ("par: 1xH200:mig", "mig", "1g.18gb", 4, 4),  # room for 7: all four
         ("par: 1xH200:mig", "mig", "1g.18gb", 9, 7),  # nine at once for seven
+        ("par: 2xH200:mig", "mig", "1g.18gb", 8, 8),  # room for 14 on two GPUs: all eight
         ("par: 2xH200:mig", "mig", "2g.35gb", 8, 6),  # three 2g per H200
         ("par: 2xL4:whole", "whole", "", 4, 2),
         ("par: 1xA30:shared=3", "shared", "", 3, 3),
@@ -126,3 +127,7 @@ def test_simultaneous_requests_on_a_static_layout_get_exactly_its_free_instances
     results = rounds_at_once(fleet, users, "mig", "1g.18gb", barrier=tmp_path)
     per_round = [sum(bool(result["granted"][n]) for result in results) for n in range(ROUNDS)]
     assert per_round == [7] * ROUNDS, per_round
+    reasons = {str(reason) for result in results for reason in result["refused"]}
+    assert reasons and not any("1g.18gb ×" in reason for reason in reasons), reasons
+    assert not Slice.objects.filter(released_at__isnull=True).exists()
+    assert checker.problems() == []
