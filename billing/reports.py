@@ -17,7 +17,6 @@ from typing import Any
 
 from django.conf import settings
 from django.db.models import (
-    CharField,
     Count,
     DateField,
     DateTimeField,
@@ -30,13 +29,12 @@ from django.db.models import (
     QuerySet,
     Subquery,
     Sum,
-    Value,
 )
-from django.db.models.functions import Cast, Coalesce, Concat, Least, TruncMinute
+from django.db.models.functions import Coalesce, Least, TruncMinute
 
 from billing import money
 from billing.models import Account, ChargedMinute, Entry, Usage, UsageDay
-from sessions.gpus import catalog
+from sessions.gpus import catalog, holders
 from sessions.gpus.models import Gpu, Slice
 from sessions.metrics.models import GpuMinute
 
@@ -191,10 +189,9 @@ def idle_minutes(threshold: float) -> QuerySet[GpuMinute]:
     its charged minutes began in (charged minute k: the one ``started + k`` falls in), in which its
     device's utilisation stayed under ``threshold`` all minute (the minute's max under it; a minute that
     reported nothing is not idle). The usage's page marks the same minutes idle, one by one."""
-    holder = Concat(OuterRef("holder_kind"), Value(":"), Cast(OuterRef("holder_id"), CharField()))
     return GpuMinute.objects.filter(
         device_uuid=OuterRef("slice__device_uuid"),
-        holder=holder,
+        holder=holders.as_text(OuterRef("holder_kind"), OuterRef("holder_id")),
         util_max__lt=threshold,
         minute__gte=OuterRef("started_minute"),
         minute__lte=OuterRef("last_began"),

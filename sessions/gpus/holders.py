@@ -11,6 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from django.db import models
+from django.db.models import CharField, Value
+from django.db.models.expressions import Combinable
+from django.db.models.functions import Cast, Concat
 from django.urls import reverse
 
 PAGES = {"notebook": "session-detail", "render": "render-job-detail"}  # each kind's page, by its id
@@ -47,3 +50,9 @@ class Holder:
     @classmethod
     def render(cls, job_id: int) -> Holder:
         return cls(HolderKind.RENDER, job_id)
+
+
+def as_text(kind: Combinable, holder_id: Combinable) -> Concat:
+    """``str(Holder)`` computed by the database from a holder's kind and id columns (e.g. ``OuterRef``s),
+    to match rows that keep the holder as text (the metrics history): the format lives here alone."""
+    return Concat(kind, Value(":"), Cast(holder_id, CharField()))
