@@ -26,6 +26,10 @@ class Env:
         value = self.source.get(name)
         return None if value is None else value.strip()
 
+    def secret(self, name: str) -> str:
+        """A password as given: its spaces are part of it, so nothing is stripped ('' when unset)."""
+        return self.source.get(name, "")
+
     def text(self, name: str, default: str) -> str:
         value = self.raw(name)
         return default if value is None or value == "" else value

@@ -1,23 +1,26 @@
 # JupyterHub for the GPU portal: reached through configurable-http-proxy under /jupyter/,
 # people log in through the portal (OpenID), servers start through our spawner.
 # Every address and secret comes from the environment the run command (or a test) sets.
+# A bad value stops the hub with a message naming the variable, as it stops the portal (portal/env.py).
 import os
 from pathlib import Path
 
+from portal.env import Env
 from sessions.runtime.network import from_environ
 
 c = get_config()  # type: ignore[name-defined]  # noqa: F821
 
+env = Env()
 ROOT = Path(__file__).resolve().parents[2]
-DATA = Path(os.environ.get("PORTAL_DATA_DIR", ROOT / "var")).resolve()
-HUB_DATA = Path(os.environ.get("PORTAL_HUB_DATA_DIR", DATA / "hub")).resolve()
+DATA = env.path("PORTAL_DATA_DIR", ROOT / "var")
+HUB_DATA = env.path("PORTAL_HUB_DATA_DIR", DATA / "hub")
 HUB_DATA.mkdir(parents=True, exist_ok=True)
-PUBLIC = os.environ.get("PORTAL_PUBLIC_URL", "http://127.0.0.1:8000").rstrip("/")
-PORTAL = os.environ.get("PORTAL_INTERNAL_URL", "http://127.0.0.1:8002").rstrip("/")  # daphne, behind the proxy
+PUBLIC = env.text("PORTAL_PUBLIC_URL", "http://127.0.0.1:8000").rstrip("/")
+PORTAL = env.text("PORTAL_INTERNAL_URL", "http://127.0.0.1:8002").rstrip("/")  # daphne, behind the proxy
 # The notebook servers' network: the hub listens on its gateway, the one address of ours they may reach.
 NETWORK = from_environ(os.environ)
-PROXY_API_PORT = int(os.environ.get("PORTAL_PROXY_API_PORT", "8001"))
-SERVICE_TOKEN = os.environ.get("PORTAL_HUB_SERVICE_TOKEN") or (DATA / "hub_service_token").read_text().strip()
+PROXY_API_PORT = env.integer("PORTAL_PROXY_API_PORT", 8001, minimum=1)
+SERVICE_TOKEN = env.text("PORTAL_HUB_SERVICE_TOKEN", "") or (DATA / "hub_service_token").read_text().strip()
 
 c.JupyterHub.bind_url = f"{PUBLIC}/jupyter/"
 c.JupyterHub.hub_bind_url = NETWORK.hub_url
@@ -44,11 +47,11 @@ c.ConfigurableHTTPProxy.command = [
 # make run supervises the proxy as a program of its own (compose/hub/proxy.py, same token file), so a hub
 # crash leaves the public address up; the tests' hub starts it itself. A proxy that restarts comes back
 # without routes: the hub puts them back whenever it reads activity from the proxy, every 10 s here.
-if os.environ.get("PORTAL_HUB_STARTS_PROXY", "true").strip().lower() in {"0", "false", "no", "off"}:
+if not env.flag("PORTAL_HUB_STARTS_PROXY", True):
     from portal.datafiles import secret_file
 
     c.ConfigurableHTTPProxy.should_start = False
-    c.ConfigurableHTTPProxy.auth_token = os.environ.get("CONFIGPROXY_AUTH_TOKEN") or secret_file(
+    c.ConfigurableHTTPProxy.auth_token = env.text("CONFIGPROXY_AUTH_TOKEN", "") or secret_file(
         DATA / "proxy_auth_token"
     )
     c.JupyterHub.last_activity_interval = 10

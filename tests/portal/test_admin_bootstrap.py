@@ -37,3 +37,10 @@ def test_it_generates_and_prints_a_password_once(monkeypatch: pytest.MonkeyPatch
     again = bootstrap(monkeypatch)
     assert "already exists" in again
     assert "password" not in again
+
+
+def test_the_password_is_taken_as_given_and_the_names_trimmed(monkeypatch: pytest.MonkeyPatch, roles: None) -> None:
+    bootstrap(monkeypatch, PORTAL_ADMIN_USERNAME=" root\n", PORTAL_ADMIN_PASSWORD=" spaced passphrase 99 ")
+    admin = User.objects.get(username="root")
+    assert admin.check_password(" spaced passphrase 99 ")
+    assert admin.email == "admin@localhost"

@@ -7,7 +7,6 @@ Does nothing when any superuser already exists.
 
 from __future__ import annotations
 
-import os
 import secrets
 from typing import Any
 
@@ -16,6 +15,7 @@ from django.contrib.auth.models import Group
 from django.core.management.base import BaseCommand
 from django.db import transaction
 
+from portal.env import Env
 from portal.roles import OPERATORS, USERS
 
 
@@ -27,9 +27,10 @@ class Command(BaseCommand):
         if User.objects.filter(is_superuser=True).exists():
             self.stdout.write("admin: an administrator account already exists; nothing to do.")
             return
-        username = os.environ.get("PORTAL_ADMIN_USERNAME", "admin").strip() or "admin"
-        email = os.environ.get("PORTAL_ADMIN_EMAIL", "admin@localhost").strip()
-        password = os.environ.get("PORTAL_ADMIN_PASSWORD", "")
+        env = Env()
+        username = env.text("PORTAL_ADMIN_USERNAME", "admin")
+        email = env.text("PORTAL_ADMIN_EMAIL", "admin@localhost")
+        password = env.secret("PORTAL_ADMIN_PASSWORD")
         generated = not password
         if generated:
             password = secrets.token_urlsafe(12)
