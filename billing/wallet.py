@@ -27,6 +27,7 @@ from billing import credit, ledger, money, prices
 from billing.launch import duration
 from billing.models import Market, Usage
 from portal.http import PortalRequest
+from sessions import access
 from sessions.gpus import catalog
 from sessions.gpus.models import Slice
 
@@ -211,7 +212,8 @@ def _days(usages: QuerySet[Usage], rows: list[HistoryRow]) -> list[tuple[Day, st
 
 def _own_holding(user: User, slice_id: int) -> Slice:
     """A holding of the person's own; anyone else's answers exactly like one that does not exist."""
-    held = Slice.objects.filter(pk=slice_id, owner=user, held_from__isnull=False).select_related("gpu__host").first()
+    found = access.slices_for(user, access.Action.COST).filter(pk=slice_id, held_from__isnull=False)
+    held = found.select_related("gpu__host").first()
     if held is None:
         raise Http404("No such usage among yours.")
     return held

@@ -31,6 +31,7 @@ class Action(StrEnum):
     HUB = "hub"  # the hub acting for the owner: the launch spec, lifecycle events
     CONFIGURE = "configure"  # a render job's settings before it runs (its main file, confirming): its owner's alone
     REQUEUE = "requeue"  # a failed render job's frames queued again
+    COST = "cost"  # what a slice's holding has cost so far: its owner's money, its owner's alone
 
 
 # Operators run the fleet: they may look at and end anyone's work, never act as its owner.

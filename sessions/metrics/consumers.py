@@ -26,6 +26,7 @@ from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
 
 from portal import push
+from portal.roles import is_operator
 from sessions.metrics.agent import latest_key
 
 log = logging.getLogger(__name__)
@@ -78,7 +79,7 @@ class MetricsConsumer(AsyncWebsocketConsumer):
                 return None
             return push.user_metrics_group(owner)
         if kwargs.get("stream") == "fleet":
-            return push.fleet_metrics_group() if user.is_staff else None
+            return push.fleet_metrics_group() if is_operator(user) else None
         return push.user_metrics_group(user.pk)
 
     async def _send_latest(self) -> None:

@@ -39,10 +39,11 @@ def test_the_page_shows_balance_burn_time_left_and_what_runs(hold: Hold, alice: 
     assert "Invoices" in page
 
 
-def test_the_cost_of_someone_elses_holding_is_a_404(hold: Hold, alice: User, bob: User) -> None:
+def test_the_cost_of_someone_elses_holding_is_a_404(hold: Hold, alice: User, bob: User, staff: User) -> None:
     held = hold(bob, timedelta(minutes=1))
     url = reverse("billing-holding-cost", args=[held.pk])
     assert client_of(alice).get(url).status_code == 404
+    assert client_of(staff).get(url).status_code == 404  # operators may stop it, not read its owner's money
     answer = client_of(bob).get(url)
     assert answer.status_code == 200 and "0.28 CNY" in answer.content.decode()
     assert 'hx-trigger="load delay:' in answer.content.decode()  # fetched again when the next minute starts
