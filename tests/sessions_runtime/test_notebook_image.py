@@ -54,6 +54,18 @@ def test_the_image_starts_jupyterhub_singleuser_of_the_hubs_jupyterhub_version(n
     assert output.splitlines()[-1] == version("jupyterhub")
 
 
+def test_jupyterlab_starts_without_building_the_iri_parsers_jsonschema_would_import(notebook_image: str) -> None:
+    """rfc3987-syntax cost every session a second at start (see the Dockerfile); its absence must not break the
+    event schemas JupyterLab validates with the same format checker."""
+    check = (
+        "import sys, jupyter_events.validators as v;"
+        "v.validate_schema(v.EVENT_METASCHEMA);"
+        "print('rfc3987_syntax' in sys.modules, 'iri' in v.draft7_format_checker.checkers)"
+    )
+    output = docker("run", "--rm", "--network", "none", notebook_image, "python3", "-c", check)
+    assert output.splitlines()[-1] == "False False"
+
+
 def test_jupyterlab_in_the_image_answers_200_on_lab_through_127_0_0_1(notebook_image: str) -> None:
     port = free_port()
     name = f"nbtest-{uuid.uuid4().hex[:8]}"
