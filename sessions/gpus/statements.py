@@ -57,8 +57,11 @@ def run(*statements: tuple[str, Sequence[Any]]) -> list[list[tuple[Any, ...]]]:
     """Run the statements in order, in one round trip on PostgreSQL, and return the rows of each (empty for a
     statement that returns none). Each sees what the ones before it did and, in READ COMMITTED, what others
     committed before it began: a lock one takes holds for the reads of the next."""
-    with together():
-        queued = [queue(sql, params) for sql, params in statements]
+    if len(statements) == 1:  # one round trip anyway; a pipeline of one only adds its own messages
+        queued = [queue(*statements[0])]
+    else:
+        with together():
+            queued = [queue(sql, params) for sql, params in statements]
     return [item.rows() if item.returned_rows else [] for item in queued]
 
 
@@ -77,6 +80,11 @@ def together() -> Iterator[None]:
         return
     with db.wrap_database_errors, db.connection.pipeline():
         yield
+
+
+def database() -> BaseDatabaseWrapper:
+    """The connection these statements run on, for preparing values (``Field.get_db_prep_save``)."""
+    return _db()
 
 
 def _db() -> BaseDatabaseWrapper:
