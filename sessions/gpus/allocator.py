@@ -360,7 +360,7 @@ def _recorded(instance: GpuInstance, taken: Slice) -> statements.Queued:
         taken.instance_id = statements.rows(made_sql, made_params)[0][0]
         slice_sql, slice_params = _insert(taken)
         return statements.queue(f"{slice_sql}, instance_id", slice_params)
-    slice_sql, slice_params = _insert(taken, instance=("(SELECT id FROM made)", None))
+    slice_sql, slice_params = _insert(taken, instance="(SELECT id FROM made)")
     return statements.queue(f"WITH made AS ({made_sql}) {slice_sql}, instance_id", [*made_params, *slice_params])
 
 
@@ -400,14 +400,14 @@ def _mig_slice(
     return taken
 
 
-def _insert(row: Slice | GpuInstance, **sql: tuple[str, None]) -> tuple[str, list[Any]]:
+def _insert(row: Slice | GpuInstance, **sql: str) -> tuple[str, list[Any]]:
     """The INSERT ... RETURNING id for an unsaved row; ``sql`` gives a field an SQL expression of no parameter."""
     fields, columns = _insert_columns(type(row))
     db = statements.database()
     marks, values = [], []
     for field in fields:
         if field.name in sql:
-            marks.append(sql[field.name][0])
+            marks.append(sql[field.name])
         else:
             marks.append("%s")
             values.append(field.get_db_prep_save(getattr(row, field.attname), db))
