@@ -25,6 +25,7 @@ from django.utils import timezone
 from billing import ledger, meter, money, prices
 from billing.models import Account, Budget, BudgetAlert, CreditStop, Entry, LedgerTransaction, Usage
 from portal import push
+from portal.clock import database_now
 from sessions.gpus.models import Slice
 from sessions.notebooks.models import NotebookSession
 from sessions.notebooks.services import stop_session
@@ -105,10 +106,10 @@ def rates_of(holdings: Sequence[Slice]) -> dict[int, Decimal]:
     for held in holdings:
         if held.pk not in rates and held.held_from is not None:
             unopened.append(held)
-            wanted.append((prices.key_of(held, prices.market_of(held)), held.held_from))
+            wanted.append((prices.key_of(held, prices.market_of(held)), meter.quoted_at(held)))
     for held, price in zip(unopened, prices.in_force_at(wanted), strict=True):
         if price is not None:
-            shares = max(held.gpu.share_limit, 1) if held.kind == Slice.Kind.SHARED else 1
+            shares = max(held.shares, 1) if held.kind == Slice.Kind.SHARED else 1
             rates[held.pk] = money.per_minute(price.per_hour, shares)
     return rates
 
@@ -126,12 +127,12 @@ def running_costs(holdings: Sequence[Slice], now: datetime | None = None) -> dic
     if not begun:
         return {}
     rates, names = rates_of(begun), _names(begun)
-    now = now or prices.database_now()
+    now = now or database_now()
     found = {}
     for held in begun:
         if held.pk in rates:
             assert held.held_from is not None
-            minutes = meter.minutes_due(held.held_from, ended_at(held), now)
+            minutes = meter.minutes_due(held.held_from, ended_at(held), now, held.seen_at)
             found[held.pk] = Running(held, rates[held.pk], minutes, _what(held, names), now)
     return found
 
@@ -202,9 +203,9 @@ def _month_bounds(month: date) -> tuple[datetime, datetime]:
 
 
 def _spending(month: date) -> QuerySet[Entry]:
-    """Wallet entries of the month's charges (and of their reversals, which give money back)."""
+    """Wallet entries of the month's charges (and of their reversals and settlements, which give money back)."""
     start, end = _month_bounds(month)
-    charges = Q(transaction__kind=LedgerTransaction.Kind.USAGE) | Q(
+    charges = Q(transaction__kind__in=[LedgerTransaction.Kind.USAGE, LedgerTransaction.Kind.SETTLEMENT]) | Q(
         transaction__kind=LedgerTransaction.Kind.REVERSAL, transaction__reverses__kind=LedgerTransaction.Kind.USAGE
     )
     return Entry.objects.filter(
@@ -270,7 +271,7 @@ def check_budgets(now: datetime | None = None) -> int:
     """Beat: record every threshold crossed this month (shown once on the dashboard and pushed once), then
     mail each alert whose mail is still due; returns how many alerts were new. The month is the database's,
     the clock the charges were posted by."""
-    now = now or prices.database_now()
+    now = now or database_now()
     month = month_of(now)
     by_person = spent_by_person(month)
     memberships: dict[int, list[int]] = {}
@@ -379,7 +380,7 @@ def check_balances(now: datetime | None = None) -> dict[str, int]:
     """Beat: warn whoever holds slices at a zero balance, stop their sessions once the grace period is over,
     and clear the warning of whoever has credit again. The grace time runs by the database's clock, whichever
     worker's clock checks it."""
-    now = now or prices.database_now()
+    now = now or database_now()
     holders = set(
         Slice.objects.filter(held_from__isnull=False, held_until__isnull=True, released_at__isnull=True).values_list(
             "owner_id", flat=True

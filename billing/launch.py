@@ -16,6 +16,7 @@ from django.db.models import Min
 
 from billing import credit, ledger, money, prices
 from billing.models import Market
+from portal.clock import database_now
 from sessions.gpus import catalog
 from sessions.gpus.allocator import SliceRequest
 from sessions.gpus.models import Gpu, Slice
@@ -34,7 +35,7 @@ def per_minutes(
     database's clock, the prices in force then, and the share limits of the time-sliced models asked for."""
     if not requests:
         return {}
-    now = prices.database_now()
+    now = database_now()
     wanted = [(request, market) for request in requests for market in markets]
     found = prices.in_force_at([(_key(request, market), now) for request, market in wanted])
     shares = _shares([catalog.resolve(request.model) for request in requests if request.kind == Slice.Kind.SHARED])

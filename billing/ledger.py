@@ -36,18 +36,28 @@ def portal_account(kind: str) -> Account:
 
 
 def wallet(user: User) -> Account:
-    account, _ = Account.objects.get_or_create(kind=Account.Kind.WALLET, user=user)
+    return wallet_of(user.pk)
+
+
+def wallet_of(user_id: int) -> Account:
+    account, _ = Account.objects.get_or_create(kind=Account.Kind.WALLET, user_id=user_id)
     return account
 
 
 def post(
-    kind: str, lines: Sequence[Line], memo: str, user: User | None = None, by: User | None = None
+    kind: str,
+    lines: Sequence[Line],
+    memo: str,
+    user: User | None = None,
+    by: User | None = None,
+    user_id: int | None = None,
 ) -> LedgerTransaction:
     """Write one balanced transaction; refuses one whose amounts do not sum to zero."""
     if len(lines) < 2 or sum((amount for _, amount in lines), Decimal(0)) != 0:
         raise Unbalanced("A ledger transaction needs two or more entries that sum to zero.", code="unbalanced")
+    owner = user.pk if user is not None else user_id
     with transaction.atomic():
-        posted = LedgerTransaction.objects.create(kind=kind, user=user, memo=memo[:300], created_by=by)
+        posted = LedgerTransaction.objects.create(kind=kind, user_id=owner, memo=memo[:300], created_by=by)
         Entry.objects.bulk_create(
             Entry(transaction=posted, account=account, amount=amount) for account, amount in lines
         )

@@ -13,6 +13,7 @@ with its last container.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path, PurePosixPath
@@ -21,7 +22,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from sessions.gpus.allocator import holding_started
+from sessions.gpus import holdings
 from sessions.gpus.holders import Holder
 from sessions.gpus.models import Slice
 from sessions.render import containers, files, progress
@@ -29,7 +30,6 @@ from sessions.render.models import RenderChunk, RenderFrame, RenderJob
 from sessions.render.services import (
     RUNNING,
     another_slice,
-    end_holding,
     held_by,
     locked,
     render_settings,
@@ -38,6 +38,7 @@ from sessions.render.services import (
 )
 from sessions.render.thumbnails import make_thumbnail
 from sessions.runtime import blender
+from sessions.runtime.blender_log import Event
 from sessions.runtime.docker import RuntimeError_
 from sessions.runtime.render import RENDER_IMAGE, render
 from sessions.runtime.slices import spec_for
@@ -106,7 +107,7 @@ def _let_go(job_id: int, slice_id: int, last_end: datetime | None, reason: str) 
     """Release the slice, its holding ending with its last container."""
     taken = Slice.objects.get(pk=slice_id)
     if taken.released_at is None:
-        end_holding(slice_id, taken.held_from, last_end, reason)
+        holdings.end(slice_id, last_end, reason)
         progress.announce(RenderJob.objects.get(pk=job_id))
 
 
@@ -162,7 +163,8 @@ def _run(claim: Claim) -> datetime | None:
         on_saved=lambda name: _frame_saved(job, chunk, output / name),
         on_preview=lambda frame: _thumbnail_from_preview(job, output / blender.preview_file(frame), frame),
     )
-    watched = containers.Watched(on_started=lambda at: holding_started(taken.pk, at or timezone.now()))
+    watched = containers.Watched(on_started=lambda at: holdings.started(taken.pk, at or timezone.now()))
+    alive = holdings.Heartbeat(taken.pk)  # each line Blender prints shows its container runs: the meter's proof
     limit = settings.RENDER_MAX_OUTPUT_BYTES
     outcome = Outcome(None, "", {})
     try:
@@ -174,7 +176,7 @@ def _run(claim: Claim) -> datetime | None:
             tuple(chunk.frames),
             render_settings(job, taken),
             wall_time_s=settings.RENDER_CHUNK_WALL_SECONDS,
-            on_line=run.line,
+            on_line=_and(alive, run.line),
             output_limit=limit,
         )
         for frame, path in result.saved.items():
@@ -188,8 +190,20 @@ def _run(claim: Claim) -> datetime | None:
             _keep_only_frames(job, output)
     except (RuntimeError_, FileNotFoundError, ValueError) as error:
         outcome = Outcome(str(error), "", run.live())
+    if watched.finished_at is not None:
+        holdings.seen([taken.pk], at=watched.finished_at)  # it ran until then, whatever it printed last
     _chunk_ended(job.pk, chunk.pk, taken.pk, outcome)
     return watched.finished_at
+
+
+def _and(first: Callable[..., None], then: Callable[[str, Event | None], None]) -> Callable[[str, Event | None], None]:
+    """Both callbacks for each line."""
+
+    def both(text: str, event: Event | None) -> None:
+        first()
+        then(text, event)
+
+    return both
 
 
 def _too_much_output(limit: int) -> str:

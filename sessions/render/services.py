@@ -25,15 +25,8 @@ from django.db import transaction
 from django.utils import timezone
 
 from portal.celery import send, send_on_commit
-from sessions.gpus import catalog
-from sessions.gpus.allocator import (
-    AllocationRefused,
-    SliceRequest,
-    allocate,
-    holding_ended,
-    holding_started,
-    release,
-)
+from sessions.gpus import catalog, holdings
+from sessions.gpus.allocator import AllocationRefused, SliceRequest, allocate
 from sessions.gpus.holders import Holder
 from sessions.gpus.models import Slice
 from sessions.notebooks import pricing
@@ -52,8 +45,6 @@ FrameState = RenderFrame.State
 ESTIMATE_JOB = "sessions.render.tasks.estimate_job"
 DISPATCH_JOB = "sessions.render.tasks.dispatch_job"
 WORK_ON_SLICE = "sessions.render.tasks.work_on_slice"
-# Billing's task that charges a holding to its end, by name: sessions never import billing.
-CHARGE_HOLDING = "billing.tasks.charge_holding"
 RUNNING = (State.QUEUED, State.RENDERING)
 ESTIMATE_FILE = "estimate.json"
 FORMATS_KEY = "render:formats"  # what the last probe's Blender said it writes; the upload form offers those
@@ -228,7 +219,7 @@ def _probe(job: RenderJob, taken: Slice, watched: containers.Watched) -> Probe |
 def _probe_started(job_id: int, slice_id: int, watched: containers.Watched, at: datetime | None) -> None:
     """The probe's container started: its slice is held from then. If the job was cancelled meanwhile, the
     container is stopped here: the cancel may have looked for the job's containers before this one existed."""
-    holding_started(slice_id, at)
+    holdings.started(slice_id, at)
     if watched.container_id and not RenderJob.objects.filter(pk=job_id, state=State.ESTIMATING).exists():
         watched.kill(watched.container_id)
 
@@ -249,7 +240,7 @@ def _estimated(
     with transaction.atomic():
         job = locked(job_id)
         if slice_id is not None and watched is not None:
-            end_holding(slice_id, watched.started_at, watched.finished_at, "render probe done")
+            holdings.end(slice_id, watched.finished_at, "render probe done", since=watched.started_at)
         if job.state != State.ESTIMATING or found is None:  # cancelled meanwhile, or cut off
             return job
         if isinstance(found, Exception):
@@ -386,21 +377,23 @@ def held_by(job_id: int) -> list[Slice]:
 def dispatch(job_id: int) -> int:
     """Give a queued or rendering job up to ``max_slices`` slices while chunks wait, and a worker to each of
     its slices that has none; returns how many workers were sent. No slice free: it waits (reconciliation
-    tries again)."""
-    job = RenderJob.objects.select_related("owner").get(pk=job_id)
-    if job.state not in RUNNING:
-        return 0
-    waiting = job.chunks.filter(state=ChunkState.PENDING).count()
-    held = held_by(job_id)
-    rendering = set(job.chunks.filter(state=ChunkState.RENDERING).values_list("slice_id", flat=True))
-    idle = [taken for taken in held if taken.pk not in rendering]
-    wanted = min(job.max_slices, len(held) - len(idle) + waiting)
-    for _ in range(max(0, wanted - len(held))):
-        try:
-            idle.append(allocate(job.owner, job.request, holder=Holder.render(job_id)))
-        except AllocationRefused as refused:
-            log.info("render job %s waits for a slice: %s", job_id, refused.reason)
-            break
+    tries again). Under the job's row lock, so two dispatches at once (the confirm's task and reconciliation)
+    take turns and never give it more than ``max_slices``."""
+    with transaction.atomic():
+        job = RenderJob.objects.select_for_update().select_related("owner").get(pk=job_id)
+        if job.state not in RUNNING:
+            return 0
+        waiting = job.chunks.filter(state=ChunkState.PENDING).count()
+        held = held_by(job_id)
+        rendering = set(job.chunks.filter(state=ChunkState.RENDERING).values_list("slice_id", flat=True))
+        idle = [taken for taken in held if taken.pk not in rendering]
+        wanted = min(job.max_slices, len(held) - len(idle) + waiting)
+        for _ in range(max(0, wanted - len(held))):
+            try:
+                idle.append(allocate(job.owner, job.request, holder=Holder.render(job_id)))
+            except AllocationRefused as refused:
+                log.info("render job %s waits for a slice: %s", job_id, refused.reason)
+                break
     for taken in idle:
         send(WORK_ON_SLICE, job_id, taken.pk)
     return len(idle)
@@ -417,19 +410,6 @@ def another_slice(job: RenderJob) -> Slice | None:
         return None
 
 
-def end_holding(slice_id: int, since: datetime | None, until: datetime | None, reason: str) -> None:
-    """Record the end of a slice's holding (its last container's end; now if the engine did not say) and
-    release it; billing then charges the holding to its end. A slice already released is left as it is."""
-    with transaction.atomic():
-        taken = Slice.objects.select_for_update().get(pk=slice_id)
-        since = taken.held_from or since
-        if since is not None:
-            holding_ended(slice_id, since, until or timezone.now())
-            send_on_commit(CHARGE_HOLDING, slice_id)  # lost, the next tick charges it
-        if taken.released_at is None:  # locked: no other release gets between
-            release(slice_id, reason=reason)
-
-
 def stop_job(job: RenderJob) -> None:
     """The job ended: its waiting chunks never run, its running ones are stopped once this commits (their
     workers then release their slices)."""
@@ -444,7 +424,7 @@ def _stop_and_release(job_id: int, reason: str) -> None:
     runtime = DockerRuntime()
     ended = containers.stop(runtime, containers.of_job(runtime, job_id))
     for taken in held_by(job_id):
-        end_holding(taken.pk, taken.held_from, ended, reason)
+        holdings.end(taken.pk, ended, reason)
 
 
 # Cancel ---------------------------------------------------------------------------------------------------

@@ -14,7 +14,7 @@ from django.utils import timezone
 
 from billing import credit, ledger, meter, money
 from billing.models import CreditStop, LedgerTransaction
-from sessions.gpus.allocator import holding_started
+from sessions.gpus import holdings
 from sessions.gpus.models import Slice
 from sessions.notebooks.models import NotebookImage, NotebookSession
 from sessions.notebooks.services import ContainerEnd, Launch, LaunchRefused, record_event, start_session
@@ -155,7 +155,7 @@ def test_at_zero_balance_people_are_warned_then_stopped_after_the_grace_time(
     broke = running_session(alice, image, H200_3G, "broke")
     fine = running_session(bob, image, H200_3G, "fine")
     for session in (broke, fine):
-        holding_started(session.slice_id, session.container_started_at)  # type: ignore[arg-type]
+        holdings.started(session.slice_id, session.container_started_at)  # type: ignore[arg-type]
     now = timezone.now()
     assert credit.check_balances(now) == {"warned": 1, "stopped": 0, "cleared": 0}
     warning = CreditStop.objects.get(user=alice)
@@ -175,7 +175,7 @@ def test_a_session_stopped_for_credit_is_charged_to_the_moment_its_container_is_
     session = running_session(alice, image, H200_3G, "broke")
     started = timezone.now() - timedelta(minutes=7, seconds=30)
     NotebookSession.objects.filter(pk=session.pk).update(container_started_at=started)
-    holding_started(session.slice_id, started)  # type: ignore[arg-type]
+    holdings.started(session.slice_id, started)  # type: ignore[arg-type]
     credit.check_balances()
     credit.check_balances()
     gone = started + timedelta(minutes=7, seconds=30)

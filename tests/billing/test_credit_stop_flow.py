@@ -28,7 +28,7 @@ from websockets.typing import Origin
 
 from billing import credit, ledger, meter, seeds
 from billing.models import ChargedMinute, CreditStop, Price, Usage
-from billing.prices import database_now
+from portal.clock import database_now
 from sessions.gpus.allocator import SliceRequest
 from sessions.gpus.models import Slice
 from sessions.notebooks.models import NotebookImage, NotebookSession
