@@ -1,6 +1,8 @@
 """Credit as people live with it: what runs and what it burns, how long the balance lasts, monthly
-budgets with alerts at 50/80/100 %, and the zero-balance stop (a warning, a grace period, then the
-person's sessions are stopped with reason ``credit`` and charged to the moment each container is gone).
+budgets with alerts at 50/80/100 %, and the zero-balance stop (a warning, a grace period, then every
+workload of the person's, of every kind (``sessions.gpus.workloads``: notebook sessions, render jobs), is
+stopped with reason ``credit`` and charged to the moment each container was gone; nothing new starts for
+them until credit is back).
 
 The balance is the ledger's (billing/ledger.py); the cost of a running holding is its started minutes
 at its frozen rate (billing/meter.py's rule), so what is shown rising is what the meter charges.
@@ -26,9 +28,9 @@ from billing import ledger, meter, money, prices
 from billing.models import Account, Budget, BudgetAlert, CreditStop, Entry, LedgerTransaction, Usage
 from portal import push
 from portal.clock import database_now
+from sessions.gpus import workloads
 from sessions.gpus.models import Slice
 from sessions.notebooks.models import NotebookSession
-from sessions.notebooks.services import stop_session
 
 log = logging.getLogger(__name__)
 THRESHOLDS = (50, 80, 100)
@@ -180,13 +182,39 @@ def launch_refusal(owner: User, per_minute: Decimal | None, spot: bool) -> str |
     need = (per_minute * HOUR + current.burn_per_hour) * minutes / HOUR
     if current.balance >= need:
         return None
-    beside = " together with your running sessions" if current.running else ""
+    beside = " together with what already runs" if current.running else ""
     market = "spot " if spot else ""
     return (
         f"Not enough credit: this {market}slice costs {money.shown(per_minute * HOUR)} an hour, and starting it needs"
         f" credit for {minutes} minutes{beside} ({money.shown(need)}); your balance is"
         f" {money.shown(current.balance)}. Ask an operator to top up your credit, or pick a cheaper slice."
     )
+
+
+def commitment_refusal(owner: User, cost: Decimal, what: str) -> str | None:
+    """Why ``owner`` may not commit to ``cost`` (a render job's whole estimate): the balance must cover it and
+    PORTAL_BILLING_MIN_MINUTES of what already runs. None when it does, or when that setting is 0 (nothing is
+    refused for credit)."""
+    if not settings.BILLING_MIN_MINUTES:
+        return None
+    if open_stop(owner) is not None:
+        return RAN_OUT
+    current = wallet(owner)
+    need = cost + current.burn_per_hour * settings.BILLING_MIN_MINUTES / HOUR
+    if current.balance >= need:
+        return None
+    beside = f", with {settings.BILLING_MIN_MINUTES} minutes of what already runs," if current.running else ""
+    return (
+        f"Not enough credit: {what} comes to {money.shown(cost)}{beside} ({money.shown(need)} in all); your balance"
+        f" is {money.shown(current.balance)}. Ask an operator to top up your credit, or render fewer frames,"
+        " fewer samples or a smaller resolution."
+    )
+
+
+RAN_OUT = (
+    "Your credit has run out: nothing new starts until it is topped up, and what runs is stopped at the end of the"
+    " grace time. Ask an operator to top up your credit."
+)
 
 
 # Budgets.
@@ -377,19 +405,15 @@ def open_stop(user: User) -> CreditStop | None:
 
 
 def check_balances(now: datetime | None = None) -> dict[str, int]:
-    """Beat: warn whoever holds slices at a zero balance, stop their sessions once the grace period is over,
-    and clear the warning of whoever has credit again. The grace time runs by the database's clock, whichever
-    worker's clock checks it."""
+    """Beat: warn whoever holds slices at a zero balance, stop every workload of theirs once the grace period is
+    over, and clear the warning of whoever has credit again. The grace time runs by the database's clock,
+    whichever worker's clock checks it."""
     now = now or database_now()
-    holders = set(
-        Slice.objects.filter(held_from__isnull=False, held_until__isnull=True, released_at__isnull=True).values_list(
-            "owner_id", flat=True
-        )
-    )
+    holders = set(Slice.objects.filter(released_at__isnull=True).values_list("owner_id", flat=True))
     stops = {stop.user_id: stop for stop in CreditStop.objects.filter(cleared_at__isnull=True)}
     balances = _balances(holders | set(stops))
     counts = {"warned": 0, "stopped": 0, "cleared": 0}
-    for user_id in holders:
+    for user_id in holders | {user_id for user_id, stop in stops.items() if stop.stopped_at is None}:
         if balances.get(user_id, Decimal(0)) > 0:
             continue
         stop = stops.get(user_id)
@@ -426,23 +450,18 @@ def _warn(user_id: int, now: datetime) -> int:
 
 def zero_balance_text(stop_at: datetime) -> str:
     return (
-        f"Your credit has run out. Your running sessions will be stopped at {stop_at:%H:%M} UTC unless your"
-        " credit is topped up; ask an operator."
+        f"Your credit has run out. Your running sessions and render jobs will be stopped at {stop_at:%H:%M} UTC"
+        " unless your credit is topped up, and nothing new starts until it is; ask an operator."
     )
 
 
 def _stop(stop: CreditStop, now: datetime) -> int:
-    """Stop the person's running and starting sessions (each is charged to the moment its container is gone)."""
+    """Stop every live workload of the person's, of every kind (each charged to the moment its containers were
+    gone); one that starts meanwhile is stopped at the next check, and the gate lets nothing new start."""
     if CreditStop.objects.filter(pk=stop.pk, stopped_at__isnull=True).update(stopped_at=now):
-        push.notify_user(stop.user_id, {"type": "billing.credit_stop", "text": "Your sessions are being stopped."})
-    stopping = NotebookSession.objects.filter(
-        owner_id=stop.user_id, state__in=[NotebookSession.State.STARTING, NotebookSession.State.RUNNING]
-    )
-    count = 0
-    for session_id in stopping.values_list("pk", flat=True):
-        stop_session(session_id, by=None, reason=NotebookSession.EndReason.CREDIT)
-        count += 1
-    return count
+        text = "Your credit has run out: your sessions and render jobs are being stopped."
+        push.notify_user(stop.user_id, {"type": "billing.credit_stop", "text": text})
+    return workloads.stop_all(workloads.live(stop.user_id), workloads.Reason.CREDIT)
 
 
 def clear(stop: CreditStop, now: datetime | None = None) -> int:

@@ -33,7 +33,7 @@ from django.db import connection, transaction
 from django.db.models import Count, Exists, F, OuterRef, QuerySet
 from django.utils import timezone
 
-from sessions.gpus import catalog, demand, placement, statements
+from sessions.gpus import catalog, demand, placement, statements, workloads
 from sessions.gpus.backends import BackendError, backend_for_host
 from sessions.gpus.backends.base import FoundInstance
 from sessions.gpus.catalog import GpuModel, Profile
@@ -77,16 +77,29 @@ class ReleaseRefused(Exception):
 def allocate(owner: User, request: SliceRequest, holder: Holder | None = None, rule: Rule | None = None) -> Slice:
     """A slice for ``owner``, inside the caller's transaction (or one of its own).
 
-    ``rule`` places MIG instances; by default ours, weighed by the demand each model has seen.
+    For a workload (``holder``) only once the gate lets it start: AllocationRefused with code ``credit`` says
+    why not. ``rule`` places MIG instances; by default ours, weighed by the demand each model has seen.
     """
     request = _checked(request)
     with _transaction():
+        if holder is not None:
+            _gate(owner, request, holder)
         limit, held, groups = _first_look(owner, request)
         if held >= limit:
             raise AllocationRefused(f"You already hold {limit} slice(s), your limit; stop one first.", code="quota")
         if request.kind == Slice.Kind.MIG:
             return _allocate_mig(owner, request, holder, rule or _learned_rule, groups)
         return _allocate_gpu(owner, request, holder)
+
+
+def _gate(owner: User, request: SliceRequest, holder: Holder) -> None:
+    """A workload's slice only if whoever bills lets it start (``workloads.gate``), asked under the owner's row
+    lock (taken before any pool's turn, the order of every allocation), so two allocations of one person's at
+    once never both spend the same credit."""
+    User.objects.select_for_update().filter(pk=owner.pk).first()
+    refusal = workloads.gate().refusal(owner, request, holder)
+    if refusal:
+        raise AllocationRefused(refusal, code="credit")
 
 
 def _learned_rule(

@@ -24,7 +24,7 @@ from sessions.gpus import holdings
 from sessions.gpus.allocator import AllocationRefused, SliceRequest, allocate
 from sessions.gpus.holders import Holder
 from sessions.gpus.models import Slice
-from sessions.notebooks import pricing, spot
+from sessions.notebooks import spot
 from sessions.notebooks.hub import Hub, HubError, HubUnavailable
 from sessions.notebooks.models import NotebookImage, NotebookSession
 from sessions.runtime.docker import DockerRuntime, RuntimeError_
@@ -75,7 +75,8 @@ def start_session(owner: User, launch: Launch) -> NotebookSession:
     """Allocate a slice and record the session; the hub is asked to start it after commit.
 
     An on-demand launch that finds no room may wait for a spot slice instead (``spot.wait_for_spot``):
-    it is recorded allocating, and gets the slice when the spot session is gone.
+    it is recorded allocating, and gets the slice when the spot session is gone. One whose credit does not
+    carry it is refused by the allocation's gate (``sessions.gpus.workloads``), under the owner's lock.
     """
     if not can_launch(owner):
         raise LaunchRefused(launch_refusal(), code="role")
@@ -87,10 +88,6 @@ def start_session(owner: User, launch: Launch) -> NotebookSession:
     with transaction.atomic():
         User.objects.select_for_update().filter(pk=owner.pk).first()
         _check_session_limits(owner, launch.server_name)
-        # Under the owner's lock: two launches at once cannot both spend the same credit.
-        refusal = pricing.current().refusal(owner, launch.request, launch.spot)
-        if refusal:
-            raise LaunchRefused(refusal, code="credit")
         session = NotebookSession.objects.create(
             owner=owner,
             server_name=launch.server_name,

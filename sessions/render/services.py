@@ -17,6 +17,7 @@ import logging
 import math
 from dataclasses import asdict, dataclass
 from datetime import datetime
+from decimal import Decimal
 
 from django.conf import settings
 from django.contrib.auth.models import User
@@ -25,7 +26,8 @@ from django.db import transaction
 from django.utils import timezone
 
 from portal.celery import send, send_on_commit
-from sessions.gpus import catalog, holdings
+from portal.roles import can_launch, launch_refusal
+from sessions.gpus import catalog, holdings, workloads
 from sessions.gpus.allocator import AllocationRefused, SliceRequest, allocate
 from sessions.gpus.holders import Holder
 from sessions.gpus.models import Slice
@@ -270,14 +272,43 @@ def _probe_failure(error: Exception) -> str:
     return f"The probe could not run: {error}"
 
 
-def _write_estimate(job: RenderJob, found: Probe) -> None:
-    chunks = math.ceil(job.frame_count / max(1, job.chunk_size))
+@dataclass(frozen=True)
+class Span:
+    """How rendering some frames of a job goes by its estimate: its chunks, the slices it holds at once, and how
+    long each slice renders (its chunks one after another)."""
+
+    chunks: int
+    slices: int
+    seconds: float
+
+
+def span(job: RenderJob, frames: int, per_frame: float, overhead_s: float) -> Span:
+    chunks = math.ceil(frames / max(1, job.chunk_size))
     slices = max(1, min(job.max_slices, chunks))
-    per_frame = found.seconds_at(job.samples)
-    per_chunk = job.chunk_size * per_frame + found.overhead_s
-    total = math.ceil(chunks / slices) * per_chunk
+    per_chunk = job.chunk_size * per_frame + overhead_s
+    return Span(chunks, slices, math.ceil(chunks / slices) * per_chunk)
+
+
+def cost_of(job: RenderJob, spent: Span) -> Decimal | None:
+    """What a span costs at the offer's rate now: every slice, each of its started minutes; None without a price."""
     rate = pricing.current().per_minute(job.request, job.market)
-    cost = None if rate is None else rate * slices * max(1, math.ceil(total / 60))
+    return None if rate is None else rate * spent.slices * max(1, math.ceil(spent.seconds / 60))
+
+
+def commitment(job: RenderJob, frames: int) -> Decimal | None:
+    """What rendering ``frames`` of the job comes to by its estimate (None without one, or without a price): what
+    its owner commits to by confirming it or queueing frames again."""
+    found = estimate_of(job)
+    if found is None:
+        return None
+    return cost_of(job, span(job, frames, found.seconds_per_frame, found.overhead_s))
+
+
+def _write_estimate(job: RenderJob, found: Probe) -> None:
+    per_frame = found.seconds_at(job.samples)
+    spent = span(job, job.frame_count, per_frame, found.overhead_s)
+    chunks, slices, total = spent.chunks, spent.slices, spent.seconds
+    cost = cost_of(job, spent)
     estimate = Estimate(
         facts={**asdict(found.facts), "version": list(found.facts.version)},
         device=found.result.device or "CPU",
@@ -325,15 +356,26 @@ def confirm(job_id: int, by: User) -> RenderJob:
         job = locked(job_id)
         if job.state != State.AWAITING_CONFIRMATION:
             raise Refused(f"A job that is {job.get_state_display().lower()} cannot be confirmed.")
-        refusal = pricing.current().refusal(job.owner, job.request, job.spot)
-        if refusal:
-            raise Refused(refusal)
+        _may_commit(job, job.frame_count, "this render job's estimate")
         job.save(update_fields=job.move(State.QUEUED))
         RenderFrame.objects.bulk_create([RenderFrame(job=job, number=number) for number in job.frames])
         _add_chunks(job, list(job.frames), first_index=0)
         send_on_commit(DISPATCH_JOB, job_id)
         progress.announce(job)
     return job
+
+
+def _may_commit(job: RenderJob, frames: int, what: str) -> None:
+    """Refused unless its owner may still launch (their role) and whoever bills lets them commit to what the
+    frames come to by the estimate (``workloads.gate``: the whole of it, every slice it may hold), under the
+    owner's row lock, so two confirmations at once never both spend the same credit."""
+    if not can_launch(job.owner):
+        raise Refused(launch_refusal())
+    User.objects.select_for_update().filter(pk=job.owner_id).first()
+    cost = commitment(job, frames)
+    refusal = workloads.gate().commitment_refusal(job.owner, cost, what) if cost is not None else None
+    if refusal:
+        raise Refused(refusal)
 
 
 def _add_chunks(job: RenderJob, frames: list[int], first_index: int) -> None:
@@ -358,6 +400,7 @@ def requeue_failed(job_id: int) -> RenderJob:
         missing = list(job.frame_results.exclude(state=FrameState.DONE).values_list("number", flat=True))
         if not missing:
             raise Refused("Every frame of this job is done.")
+        _may_commit(job, len(missing), f"rendering its {len(missing)} frames that are not done")
         job.save(update_fields=job.move(State.QUEUED))
         job.frame_results.filter(number__in=missing).update(state=FrameState.PENDING)
         last = job.chunks.order_by("-index").values_list("index", flat=True).first()
@@ -449,6 +492,35 @@ def cancel(job_id: int) -> RenderJob:
             stop_job(job)
         else:
             transaction.on_commit(lambda: _stop_probe(job_id), robust=True)
+        progress.announce(job)
+    return job
+
+
+STOPPED_FOR = {
+    "credit": "Stopped: your credit ran out. Once it is topped up, queue the frames that are not done again.",
+    "preempted": "Stopped: its spot slices were reclaimed for an on-demand launch. Queue the frames that are not done"
+    " again to go on.",
+    "staff": "Stopped by an operator. Queue the frames that are not done again to go on.",
+}
+
+
+def stop_for(job_id: int, reason: str) -> RenderJob:
+    """Stop a job for a reason that is not its owner's (credit ran out, its spot slices were reclaimed): it fails
+    saying why, so its frames that are not done can be queued again, and its containers stop and its slices are
+    released once this commits (each holding charged to its container's end). One estimating fails the same
+    way (nothing of it rendered yet: its scene is uploaded again). One that holds nothing yet is left as it is."""
+    message = STOPPED_FOR.get(reason, f"Stopped: {reason}.")
+    with transaction.atomic():
+        job = locked(job_id)
+        if job.state not in (State.ESTIMATING, *RUNNING):
+            return job
+        estimating = job.state == State.ESTIMATING
+        job.save(update_fields=job.move(State.FAILED, message))
+        if estimating:
+            transaction.on_commit(lambda: _stop_probe(job_id), robust=True)
+        else:
+            job.chunks.filter(state=ChunkState.RENDERING).update(state=ChunkState.CANCELLED, finished_at=timezone.now())
+            stop_job(job)
         progress.announce(job)
     return job
 

@@ -127,7 +127,7 @@ def test_the_minimum_counts_what_already_runs(
     settings.BILLING_MIN_MINUTES = 10
     ledger.grant_credit(alice, "2.00", by=staff, reason="trial")
     hold(alice, timedelta(seconds=10))  # an A100 burning already: two of them need 2.83 for 10 minutes
-    with pytest.raises(LaunchRefused, match="together with your running sessions"):
+    with pytest.raises(LaunchRefused, match="together with what already runs"):
         start_session(alice, Launch(A100, image.pk, "second"))
 
 
