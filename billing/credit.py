@@ -134,7 +134,9 @@ def running_costs(holdings: Sequence[Slice], now: datetime | None = None) -> dic
     for held in begun:
         if held.pk in rates:
             assert held.held_from is not None
-            minutes = meter.minutes_due(held.held_from, ended_at(held), now, held.seen_at)
+            # By the clock, not capped at the last proof of life: what it will have cost once reconciliation (every
+            # 20 s) confirms it runs, which the meter then charges; the history marks it "not yet charged".
+            minutes = meter.minutes_due(held.held_from, ended_at(held), now, now)
             found[held.pk] = Running(held, rates[held.pk], minutes, _what(held, names), now)
     return found
 

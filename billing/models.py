@@ -208,10 +208,18 @@ class LedgerTransaction(models.Model):
         settings.AUTH_USER_MODEL, on_delete=models.PROTECT, null=True, blank=True, related_name="+"
     )
     reverses = models.OneToOneField("self", on_delete=models.PROTECT, null=True, blank=True, related_name="reversed_by")
+    key = models.CharField(
+        max_length=64,
+        blank=True,
+        default="",
+        db_default="",
+        help_text="The form's one-time key it was posted with: a form sent twice posts once.",
+    )
 
     class Meta:
         ordering = ["-posted_at", "-id"]
         indexes = [models.Index(fields=["user", "posted_at"], name="ledger_txn_user_idx")]
+        constraints = [models.UniqueConstraint(fields=["key"], condition=~Q(key=""), name="ledger_txn_key_once")]
 
     def __str__(self) -> str:
         return f"{self.get_kind_display()} #{self.pk} at {self.posted_at}"

@@ -3,6 +3,7 @@ the credit cannot carry is refused before anything is allocated, and the zero-ba
 
 from __future__ import annotations
 
+import re
 from datetime import timedelta
 from decimal import Decimal
 
@@ -39,7 +40,7 @@ def client_of(user: User) -> Client:
 
 
 def test_staff_add_credit_with_a_reason_and_the_page_says_who_when_and_why(alice: User, staff: User) -> None:
-    form = {"username": "alice", "amount": "25.50", "kind": "top_up", "reason": "invoice 2026-114"}
+    form = {"username": "alice", "amount": "25.50", "kind": "top_up", "reason": "invoice 2026-114", "key": "k1"}
     answer = client_of(staff).post(CREDIT, form)
     assert answer.status_code == 302
     assert ledger.balance(alice) == Decimal("25.50")
@@ -63,15 +64,16 @@ def test_staff_add_credit_with_a_reason_and_the_page_says_who_when_and_why(alice
 def test_bad_top_ups_are_refused_in_words_and_nothing_is_posted(
     alice: User, staff: User, amount: str, words: str
 ) -> None:
-    form = {"username": "alice", "amount": amount, "kind": "top_up", "reason": "typo"}
+    form = {"username": "alice", "amount": amount, "kind": "top_up", "reason": "typo", "key": "k2"}
     answer = client_of(staff).post(CREDIT, form)
     assert answer.status_code == 400 and words in answer.content.decode()
     assert not LedgerTransaction.objects.exists()
 
 
 def test_credit_without_a_reason_or_for_nobody_is_refused(alice: User, staff: User) -> None:
-    no_reason = client_of(staff).post(CREDIT, {"username": "alice", "amount": "5", "kind": "grant", "reason": " "})
-    nobody = client_of(staff).post(CREDIT, {"username": "zed", "amount": "5", "kind": "grant", "reason": "hi"})
+    no_reason = {"username": "alice", "amount": "5", "kind": "grant", "reason": " ", "key": "k3"}
+    nobody = {"username": "zed", "amount": "5", "kind": "grant", "reason": "hi", "key": "k4"}
+    no_reason, nobody = client_of(staff).post(CREDIT, no_reason), client_of(staff).post(CREDIT, nobody)
     assert no_reason.status_code == 400 and nobody.status_code == 400
     assert "Nobody has that user name" in nobody.content.decode()
     assert not LedgerTransaction.objects.exists()
@@ -202,3 +204,17 @@ def test_the_dashboard_shows_the_zero_balance_warning_and_the_balance(hold: Hold
     page = client_of(alice).get(reverse("dashboard")).content.decode()
     assert "Your credit has run out" in page and "will be stopped at" in page
     assert "0.00 CNY" in page and "nothing left to burn" in page
+
+
+def test_a_credit_form_sent_twice_grants_once(alice: User, staff: User) -> None:
+    """A double click, or a reload that posts again (issue 30, money 6): the form's one-time key is posted once."""
+    page = client_of(staff).get(CREDIT).content.decode()
+    key = re.search(r'name="key" value="([^"]+)"', page)
+    assert key is not None
+    form = {"username": "alice", "amount": "10", "kind": "top_up", "reason": "invoice 2026-120", "key": key.group(1)}
+    first, second = client_of(staff).post(CREDIT, form), client_of(staff).post(CREDIT, form, follow=True)
+    assert first.status_code == 302 and second.status_code == 200
+    assert "already added; it was not added again" in second.content.decode()
+    assert ledger.balance(alice) == Decimal(10) and LedgerTransaction.objects.filter(user=alice).count() == 1
+    other = re.search(r'name="key" value="([^"]+)"', client_of(staff).get(CREDIT).content.decode())
+    assert other is not None and other.group(1) != key.group(1)  # the next form shown posts again
