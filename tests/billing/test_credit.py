@@ -71,9 +71,9 @@ def test_bad_top_ups_are_refused_in_words_and_nothing_is_posted(
 
 
 def test_credit_without_a_reason_or_for_nobody_is_refused(alice: User, staff: User) -> None:
-    no_reason = {"username": "alice", "amount": "5", "kind": "grant", "reason": " ", "key": "k3"}
-    nobody = {"username": "zed", "amount": "5", "kind": "grant", "reason": "hi", "key": "k4"}
-    no_reason, nobody = client_of(staff).post(CREDIT, no_reason), client_of(staff).post(CREDIT, nobody)
+    blank = {"username": "alice", "amount": "5", "kind": "grant", "reason": " ", "key": "k3"}
+    no_one = {"username": "zed", "amount": "5", "kind": "grant", "reason": "hi", "key": "k4"}
+    no_reason, nobody = client_of(staff).post(CREDIT, blank), client_of(staff).post(CREDIT, no_one)
     assert no_reason.status_code == 400 and nobody.status_code == 400
     assert "Nobody has that user name" in nobody.content.decode()
     assert not LedgerTransaction.objects.exists()
