@@ -17,6 +17,7 @@ from django.db.models import Sum
 
 from billing import money
 from billing.models import Account, Entry, LedgerTransaction
+from portal.clock import database_now
 
 Line = tuple[Account, Decimal]
 MAX_CREDIT = Decimal(1_000_000)  # one grant larger than this is a typo
@@ -66,7 +67,7 @@ def post(
         try:
             with transaction.atomic():
                 posted = LedgerTransaction.objects.create(
-                    kind=kind, user_id=owner, memo=memo[:300], created_by=by, key=key[:64]
+                    kind=kind, user_id=owner, memo=memo[:300], created_by=by, key=key[:64], posted_at=database_now()
                 )
         except IntegrityError:
             if key and LedgerTransaction.objects.filter(key=key[:64]).exists():
@@ -92,6 +93,7 @@ def reverse(original: LedgerTransaction, by: User, reason: str) -> LedgerTransac
         if len(lines) < 2 or sum((amount for _, amount in lines), Decimal(0)) != 0:
             raise Unbalanced("A ledger transaction needs two or more entries that sum to zero.", code="unbalanced")
         posted = LedgerTransaction.objects.create(
+            posted_at=database_now(),
             kind=LedgerTransaction.Kind.REVERSAL,
             user=original.user,
             memo=reason[:300],

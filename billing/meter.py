@@ -34,6 +34,7 @@ from django.db.models import F
 
 from billing import ledger, money, prices
 from billing.models import Account, BilledTotal, ChargedMinute, Entry, LedgerTransaction, Market, Price, Usage
+from portal import clock
 from portal.clock import database_now
 from sessions.gpus.holders import HolderKind
 from sessions.gpus.models import Gpu, Slice
@@ -164,7 +165,7 @@ WITH due AS (
            GREATEST(u.billed_minutes, CASE
                WHEN e.ended IS NOT NULL THEN GREATEST(1, CEIL(EXTRACT(EPOCH FROM e.ended - u.started) / 60))
                ELSE FLOOR(EXTRACT(EPOCH FROM
-                   LEAST(now(), GREATEST(COALESCE(s.seen_at, u.started), u.started)) - u.started) / 60) + 1
+                   LEAST(%(now)s, GREATEST(COALESCE(s.seen_at, u.started), u.started)) - u.started) / 60) + 1
                END)::integer AS upto,
            e.ended IS NOT NULL
                AND GREATEST(1, CEIL(EXTRACT(EPOCH FROM e.ended - u.started) / 60)) < u.billed_minutes AS over
@@ -180,7 +181,7 @@ WITH due AS (
     SELECT DISTINCT owner_id FROM due WHERE upto > first
 ), txn AS (
     INSERT INTO {txn} (kind, posted_at, user_id, memo, created_by_id, reverses_id)
-    SELECT 'usage', now(), owner_id, 'per-minute charges', NULL, NULL FROM payers
+    SELECT 'usage', %(now)s, owner_id, 'per-minute charges', NULL, NULL FROM payers
     RETURNING id, user_id
 ), charged AS (
     INSERT INTO {minute} (usage_id, minute, transaction_id)
@@ -227,22 +228,21 @@ def _run_sql(slice_id: int | None, wait: bool) -> Outcome:
         # generate_series' 1,000-row guess tips the planner into JIT, which costs seconds at 100,000 usages.
         cursor.execute("SET LOCAL jit = off")
         cursor.execute(f"SET LOCAL lock_timeout = '{LOCK_TIMEOUT}'")
+        # The database's now comes with the lock (its transaction's start), and is the statements' now.
         if wait:
-            cursor.execute("SELECT pg_advisory_xact_lock(%s)", [LOCK_KEY])
+            cursor.execute("SELECT true, now() FROM (SELECT pg_advisory_xact_lock(%s)) AS locked", [LOCK_KEY])
         else:
-            cursor.execute("SELECT pg_try_advisory_xact_lock(%s)", [LOCK_KEY])
-            if not cursor.fetchone()[0]:
-                return Outcome(skipped=True)
-        one = [slice_id] if slice_id is not None else []
-        cursor.execute(
-            OPEN_USAGES.format(
-                **T, places=money.AMOUNT_PLACES, slice_filter="AND s.id = %s" if slice_id is not None else ""
-            ),
-            one,
-        )
+            cursor.execute("SELECT pg_try_advisory_xact_lock(%s), now()", [LOCK_KEY])
+        locked, now = cursor.fetchone()
+        if not locked:
+            return Outcome(skipped=True)
+        params = {"now": clock.stopped() or now, "slice": slice_id}
+        one = "AND {}.id = %(slice)s" if slice_id is not None else ""
+        cursor.execute(OPEN_USAGES.format(**T, places=money.AMOUNT_PLACES, slice_filter=one.format("s")), params)
         opened = cursor.fetchone()[0]
         cursor.execute(PORTAL_ACCOUNTS_SQL.format(**T), [[str(kind) for kind in PORTAL_ACCOUNTS]])
-        cursor.execute(CHARGE.format(**T, usage_filter="AND u.slice_id = %s" if slice_id is not None else ""), one)
+        usage_filter = "AND u.slice_id = %(slice)s" if slice_id is not None else ""
+        cursor.execute(CHARGE.format(**T, usage_filter=usage_filter), params)
         minutes, transactions, amount, _, over = cursor.fetchone()
     settled = [_settle(usage_id) for usage_id in over]
     return Outcome(
@@ -280,7 +280,7 @@ def _run_python(slice_id: int | None) -> Outcome:
         billed[key] = (billed[key][0] + more, billed[key][1] + more * usage.per_minute)
     minutes, transactions, amount = 0, 0, Decimal(0)
     for owner_id, owing in owed.items():
-        charged = _charge_owner(owner_id, owing)
+        charged = _charge_owner(owner_id, owing, now)
         if charged:
             minutes, transactions, amount = minutes + charged[0], transactions + 1, amount + charged[1]
     _add_to_totals(billed)
@@ -345,12 +345,12 @@ def _open_usages(slice_id: int | None) -> int:
     return opened
 
 
-def _charge_owner(owner_id: int, owing: list[tuple[Usage, int]]) -> tuple[int, Decimal] | None:
+def _charge_owner(owner_id: int, owing: list[tuple[Usage, int]], now: datetime) -> tuple[int, Decimal] | None:
     """One ledger transaction for what one person owes this run; None if nothing was due."""
     posted = None
     if any(upto > usage.billed_minutes for usage, upto in owing):
         posted = LedgerTransaction.objects.create(
-            kind=LedgerTransaction.Kind.USAGE, user_id=owner_id, memo="per-minute charges"
+            kind=LedgerTransaction.Kind.USAGE, user_id=owner_id, memo="per-minute charges", posted_at=now
         )
     by_market: dict[str, Decimal] = defaultdict(Decimal)
     count = 0

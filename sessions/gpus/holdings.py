@@ -17,9 +17,10 @@ from datetime import datetime
 
 from django.db import transaction
 from django.db.models import F, Q
-from django.db.models.functions import Coalesce, Greatest, Now
+from django.db.models.functions import Coalesce, Greatest
 
 from portal.celery import send_on_commit
+from portal.clock import database_now
 from sessions.gpus.allocator import release as release_slice
 from sessions.gpus.models import Slice
 
@@ -44,7 +45,7 @@ def seen(slice_ids: Iterable[int], at: datetime | None = None) -> int:
     ids = list(slice_ids)
     if not ids:
         return 0
-    moment = at if at is not None else Now()
+    moment = at if at is not None else database_now()
     running = Q(pk__in=ids, held_from__isnull=False, held_until__isnull=True, released_at__isnull=True)
     return Slice.objects.filter(running).update(seen_at=Greatest(Coalesce("seen_at", F("held_from")), moment))
 
