@@ -127,14 +127,16 @@ def test_reconciliation_frees_the_slice_a_crashed_job_left_and_ends_its_holding(
     job = make_job(alice, scenes / "small.blend", [1], State.AWAITING_CONFIRMATION)
     RenderJob.objects.filter(pk=job.pk).update(state=State.FAILED, finished_at=timezone.now())
     left = allocate(alice, SliceRequest("mig", "1g.18gb", "H200"), holder=Holder.render(job.pk))
-    holdings.started(left.pk, timezone.now() - timedelta(minutes=3))
+    began = timezone.now() - timedelta(minutes=3)
+    holdings.started(left.pk, began)
+    holdings.seen([left.pk], at=began + timedelta(minutes=1))  # its crashed worker's last line
 
     counts = recovery.reconcile()
 
     left.refresh_from_db()
     assert counts["slices_released"] == 1
-    assert left.released_at is not None and left.held_until is not None
-    assert left.held_from is not None and left.held_until - left.held_from >= timedelta(minutes=3)
+    # No container of it is left to say when it ended: its holding ends at its last proof of life.
+    assert left.released_at is not None and left.held_until == began + timedelta(minutes=1)
     assert recovery.reconcile()["slices_released"] == 0
 
 
@@ -142,7 +144,8 @@ def test_after_a_worker_restart_the_chunk_it_was_rendering_waits_again_and_is_re
     render_stack: Path, scenes: Path, alice: User
 ) -> None:
     """What the render worker finds at its start: a chunk marked rendering on the job's slice, its worker
-    gone. It is put back without losing an attempt, and the job's slice gets a worker again."""
+    gone. It is put back without losing an attempt; the slice its dead worker held is released (nobody is
+    charged for the time no worker ran it) and the job renders on a slice taken afresh."""
     job = make_job(alice, scenes / "small.blend", [1, 2], State.RENDERING, chunk_size=2)
     held = allocate(alice, SliceRequest("mig", "1g.18gb", "H200"), holder=Holder.render(job.pk))
     RenderFrame.objects.bulk_create([RenderFrame(job=job, number=n, state="rendering") for n in (1, 2)])
@@ -152,11 +155,12 @@ def test_after_a_worker_restart_the_chunk_it_was_rendering_waits_again_and_is_re
 
     counts = recovery.recover_after_restart()
 
-    assert counts["chunks_put_back"] == 1 and counts["workers_sent"] == 1
+    assert counts["chunks_put_back"] == 1 and counts["workers_sent"] == 1 and counts["slices_released"] == 1
+    assert Slice.objects.get(pk=held.pk).released_at is not None
     wait_for(lambda: state_of(job) in RenderJob.ENDED, 180, "the job to end")
     chunk.refresh_from_db()
-    assert state_of(job) == State.DONE and (chunk.state, chunk.attempts, chunk.slice_id) == ("done", 1, held.pk)
-    wait_for(lambda: slices_of(job)[0].released_at, 30, "its slice released")
+    assert state_of(job) == State.DONE and (chunk.state, chunk.attempts) == ("done", 1) and chunk.slice_id != held.pk
+    wait_for(lambda: all(taken.released_at for taken in slices_of(job)), 30, "its slices released")
 
 
 def test_reconciliation_puts_back_a_chunk_whose_worker_died_long_ago_and_it_is_rendered(
@@ -196,9 +200,11 @@ def test_a_render_worker_killed_mid_chunk_puts_the_chunk_back_at_its_next_start_
     [chunk] = RenderChunk.objects.filter(job=job)
     assert state_of(job) == State.DONE and (chunk.state, chunk.attempts) == ("done", 1), "no attempt lost"
     assert first_container not in containers_of(job)
-    wait_for(lambda: slices_of(job)[0].released_at, 30, "its slice released")
-    [held] = slices_of(job)
-    assert held.held_from is not None and held.held_until is not None
+    wait_for(lambda: all(taken.released_at for taken in slices_of(job)), 30, "its slices released")
+    # The slice the killed worker held ended at its last proof of life; the job rendered on one taken afresh.
+    cut, rendered = sorted(slices_of(job), key=lambda taken: taken.pk)
+    assert cut.held_from is not None and cut.held_until is not None and cut.seen_at is not None
+    assert cut.held_until == max(cut.seen_at, cut.held_from) and rendered.held_until is not None
 
 
 def test_reconciliation_sends_a_worker_to_a_slice_whose_workers_task_was_lost(
