@@ -433,6 +433,9 @@ RENDER_CHUNK_ATTEMPTS = env.integer("PORTAL_RENDER_CHUNK_ATTEMPTS", 3, minimum=1
 RENDER_CHUNK_WALL_SECONDS = env.integer("PORTAL_RENDER_CHUNK_WALL_SECONDS", 3600, minimum=10)
 RENDER_PROBE_WALL_SECONDS = env.integer("PORTAL_RENDER_PROBE_WALL_SECONDS", 600, minimum=10)
 RENDER_THUMBNAIL_PIXELS = env.integer("PORTAL_RENDER_THUMBNAIL_PIXELS", 320, minimum=16)
+# The widest or tallest frame a job may render, in pixels (the scene's resolution at the job's percentage):
+# a scene past it fails its estimate, and no frame larger is ever decoded for a thumbnail.
+RENDER_MAX_RESOLUTION = env.integer("PORTAL_RENDER_MAX_RESOLUTION", 16384, minimum=16)
 # What one chunk's run (or the probe) may write into its output folder, a host folder the sandbox writes:
 # past it the container is stopped and the job fails, so a hostile scene cannot fill the host's disk.
 RENDER_MAX_OUTPUT_BYTES = env.integer("PORTAL_RENDER_MAX_OUTPUT_BYTES", 20 * 1024**3, minimum=1024**2)

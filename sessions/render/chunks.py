@@ -24,12 +24,13 @@ from django.utils import timezone
 from sessions.gpus.allocator import holding_started
 from sessions.gpus.holders import Holder
 from sessions.gpus.models import Slice
-from sessions.render import containers, files, progress
+from sessions.render import containers, files, progress, thumbnails
 from sessions.render.models import RenderChunk, RenderFrame, RenderJob
 from sessions.render.services import (
     RUNNING,
     another_slice,
     end_holding,
+    estimate_of,
     held_by,
     locked,
     render_settings,
@@ -157,10 +158,10 @@ def _run(claim: Claim) -> datetime | None:
     job, chunk, taken = claim.job, claim.chunk, claim.taken
     output = output_folder(job, chunk)
     output.mkdir(parents=True, exist_ok=True)
+    how = render_settings(job, taken)
+    written = Written(job, chunk, output, _most_pixels(job), how.preview_pixels**2)
     run = progress.ChunkRun(
-        job,
-        on_saved=lambda name: _frame_saved(job, chunk, output / name),
-        on_preview=lambda frame: _thumbnail_from_preview(job, output / blender.preview_file(frame), frame),
+        job, on_saved=lambda name: _frame_saved(written, name), on_preview=lambda n: _thumbnail_from_preview(written, n)
     )
     watched = containers.Watched(on_started=lambda at: holding_started(taken.pk, at or timezone.now()))
     limit = settings.RENDER_MAX_OUTPUT_BYTES
@@ -172,15 +173,15 @@ def _run(claim: Claim) -> datetime | None:
             scene_of(job),
             output,
             tuple(chunk.frames),
-            render_settings(job, taken),
+            how,
             wall_time_s=settings.RENDER_CHUNK_WALL_SECONDS,
             on_line=run.line,
             output_limit=limit,
         )
         for frame, path in result.saved.items():
-            _frame_saved(job, chunk, path, frame)
-            if preview := result.preview(output, frame):
-                _thumbnail_from_preview(job, preview, frame)
+            _frame_saved(written, path.name, frame)
+            if result.said_preview(frame):
+                _thumbnail_from_preview(written, frame)
         _remove_previews(output)
         outcome = Outcome(result.failure, result.log.excerpt(), run.live())
         if result.exit.output_exceeded:
@@ -205,33 +206,70 @@ def _keep_only_frames(job: RenderJob, output: Path) -> None:
     files.prune(output, {job.folder_path() / path for path in done.values_list("output_path", flat=True)})
 
 
-def _frame_saved(job: RenderJob, chunk: RenderChunk, path: Path, number: int | None = None) -> None:
-    """A frame of this chunk is on disk: record it done, with its thumbnail (once)."""
+@dataclass(frozen=True)
+class Written:
+    """One run's output folder, as the portal reads it: the sandbox wrote everything in it, so a frame is
+    decoded for its thumbnail only up to the pixels the job renders (``most_pixels``; 0 where the job has no
+    estimate to say: then none is), and Blender's small PNG of a frame up to its own size."""
+
+    job: RenderJob
+    chunk: RenderChunk
+    folder: Path
+    most_pixels: int
+    preview_pixels: int
+
+
+def _most_pixels(job: RenderJob) -> int:
+    """The most pixels a frame of the job may have: the scene's resolution, as its probe read it, at the
+    job's percentage (``thumbnails.most_pixels``); 0 if no estimate says."""
+    facts = found.facts if (found := estimate_of(job)) is not None else {}
+    width, height = facts.get("resolution_x"), facts.get("resolution_y")
+    if not isinstance(width, int) or not isinstance(height, int):
+        return 0
+    return thumbnails.most_pixels(width, height, job.resolution_percent)
+
+
+def _frame_saved(written: Written, name: str, number: int | None = None) -> None:
+    """Blender said it saved a frame of this chunk as ``name``: if that is a file of its own in the run's
+    folder (opened once, never through a link), the frame is done, with its thumbnail (once)."""
+    job, chunk = written.job, written.chunk
     if number is None:
-        number = next((n for n in chunk.frames if blender.frame_file(n, job.output_format) == path.name), None)
-    if number is None or path.is_symlink() or not path.is_file():  # the container made it: never follow a link
-        return
-    frame = job.frame_results.filter(number=number).exclude(state=FrameState.DONE).first()
+        number = next((n for n in chunk.frames if blender.frame_file(n, job.output_format) == name), None)
+    frame = None if number is None else job.frame_results.filter(number=number).exclude(state=FrameState.DONE).first()
     if frame is None:
         return
-    thumbnail = make_thumbnail(path, job.folder_path() / THUMBNAILS, settings.RENDER_THUMBNAIL_PIXELS)
+    opened = files.open_written(written.folder, name)
+    if opened is None:  # a link, a FIFO, a folder: the container made it, and nothing of it is read
+        return
+    with opened:
+        thumbnail = None
+        if job.output_format == RenderJob.OutputFormat.PNG:  # another format's comes from Blender's own PNG
+            folder = job.folder_path() / THUMBNAILS
+            thumbnail = make_thumbnail(opened, folder, settings.RENDER_THUMBNAIL_PIXELS, name, written.most_pixels)
     frame.state, frame.finished_at = FrameState.DONE, timezone.now()
-    frame.output_path = path.relative_to(job.folder_path()).as_posix()
+    frame.output_path = (written.folder / name).relative_to(job.folder_path()).as_posix()
     frame.thumbnail_path = str(PurePosixPath(THUMBNAILS, thumbnail.name)) if thumbnail else ""
     frame.save(update_fields=["state", "finished_at", "output_path", "thumbnail_path"])
 
 
-def _thumbnail_from_preview(job: RenderJob, preview: Path, number: int) -> None:
-    """A saved frame Pillow cannot read (OpenEXR) gets its thumbnail from the PNG Blender wrote of it."""
+def _thumbnail_from_preview(written: Written, number: int) -> None:
+    """A saved frame Pillow is not given (OpenEXR) gets its thumbnail from the small PNG Blender wrote of it,
+    which then goes."""
+    job = written.job
     frame = job.frame_results.filter(number=number, state=FrameState.DONE, thumbnail_path="").first()
-    if frame is None or preview.is_symlink() or not preview.is_file():
+    name = blender.preview_file(number)
+    if frame is None:
         return
-    folder = job.folder_path() / THUMBNAILS
-    thumbnail = make_thumbnail(preview, folder, settings.RENDER_THUMBNAIL_PIXELS, of=frame.output_path)
-    if thumbnail is not None:
-        frame.thumbnail_path = str(PurePosixPath(THUMBNAILS, thumbnail.name))
-        frame.save(update_fields=["thumbnail_path"])
-    preview.unlink(missing_ok=True)
+    opened = files.open_written(written.folder, name)
+    if opened is not None:
+        with opened:
+            folder = job.folder_path() / THUMBNAILS
+            pixels = settings.RENDER_THUMBNAIL_PIXELS
+            thumbnail = make_thumbnail(opened, folder, pixels, frame.output_path, written.preview_pixels)
+        if thumbnail is not None:
+            frame.thumbnail_path = str(PurePosixPath(THUMBNAILS, thumbnail.name))
+            frame.save(update_fields=["thumbnail_path"])
+    (written.folder / name).unlink(missing_ok=True)  # a link is removed as a link
 
 
 def _remove_previews(output: Path) -> None:

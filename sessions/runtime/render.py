@@ -49,6 +49,18 @@ class SceneUnreadable(Exception):
         self.formats = formats
 
 
+class SceneTooLarge(SceneUnreadable):
+    """The scene's frames would be wider or taller than the render may make them (``RenderSettings.max_side``):
+    nothing was rendered."""
+
+    def __init__(self, scene: str, size: tuple[int, int], percentage: int, max_side: int) -> None:
+        width, height = size
+        super().__init__(
+            f"{scene} would render frames of {width} × {height} pixels (its resolution at {percentage} %)", ""
+        )
+        self.size, self.max_side = size, max_side
+
+
 @dataclass(frozen=True)
 class Scene:
     """An uploaded scene on this host: its folder and the main .blend inside it."""
@@ -208,12 +220,10 @@ class RenderResult:
         """The portal's output formats this Blender build writes, as it said; None if it did not say."""
         return _writes(self.log)
 
-    def preview(self, output: Path, frame: int) -> Path | None:
-        """The small PNG Blender wrote of a saved frame (``RenderSettings.preview_pixels``), if it said so and
-        it is a file of its own there (a link is never followed)."""
-        said = any(item.kind == "preview" and item.value == frame for item in self.log.marked)
-        path = output / blender.preview_file(frame)
-        return path if said and not path.is_symlink() and path.is_file() else None
+    def said_preview(self, frame: int) -> bool:
+        """Whether Blender said it wrote its small PNG of a saved frame (``RenderSettings.preview_pixels``), as
+        ``blender.preview_file(frame)`` in the output folder: the caller opens it as a file the sandbox wrote."""
+        return any(item.kind == "preview" and item.value == frame for item in self.log.marked)
 
 
 def threads_for(spec: ContainerSpec, runtime: DockerRuntime) -> int:
@@ -376,7 +386,7 @@ def probe(
     job's other settings; SceneUnreadable, with Blender's own words, if it cannot."""
     mark = blender.new_mark()
     log = BlenderLog(mark)
-    low = RenderSettings(samples, settings.percentage, settings.file_format, settings.gpu)
+    low = RenderSettings(samples, settings.percentage, settings.file_format, settings.gpu, max_side=settings.max_side)
     command = blender.probe_command(scene.blend, low, mark, threads_for(spec, runtime), frame)
     ended = run_sandboxed(
         runtime,
@@ -390,6 +400,9 @@ def probe(
         output_limit=output_limit,
     )
     facts = _facts(log, scene, ended, wall_time_s, spec.limits.memory_bytes)
+    size = facts.size_at(low.percentage)
+    if low.max_side and max(size) > low.max_side:
+        raise SceneTooLarge(scene.name, size, low.percentage or facts.resolution_percentage, low.max_side)
     rendered = facts.frame_start if frame is None else frame
     saved = _saved_frames(log, output, (rendered,), low.file_format)
     failure = _failure(ended, log, low, wall_time_s, spec.limits.memory_bytes)
