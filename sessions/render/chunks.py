@@ -163,7 +163,8 @@ def _run(claim: Claim) -> datetime | None:
     run = progress.ChunkRun(
         job, on_saved=lambda name: _frame_saved(written, name), on_preview=lambda n: _thumbnail_from_preview(written, n)
     )
-    watched = containers.Watched(on_started=lambda at: holding_started(taken.pk, at or timezone.now()))
+    watched = containers.Watched(may_start=lambda: _may_render(job.pk, chunk.pk, taken.pk))
+    watched.on_started = lambda at: _started(job.pk, chunk.pk, taken.pk, watched, at)
     limit = settings.RENDER_MAX_OUTPUT_BYTES
     outcome = Outcome(None, "", {})
     try:
@@ -191,6 +192,33 @@ def _run(claim: Claim) -> datetime | None:
         outcome = Outcome(str(error), "", run.live())
     _chunk_ended(job.pk, chunk.pk, taken.pk, outcome)
     return watched.finished_at
+
+
+def _may_render(job_id: int, chunk_id: int, slice_id: int) -> bool:
+    """Whether the chunk may still render on the slice: its job is queued or rendering, the chunk is rendering
+    there and the slice is held. The job's row is locked to read it, so a cancel that holds it is waited for
+    and seen."""
+    with transaction.atomic():
+        job = locked(job_id)
+        return (
+            job.state in RUNNING
+            and job.chunks.filter(pk=chunk_id, state=ChunkState.RENDERING, slice_id=slice_id).exists()
+            and Slice.objects.filter(pk=slice_id, released_at__isnull=True).exists()
+        )
+
+
+def _started(job_id: int, chunk_id: int, slice_id: int, watched: containers.Watched, at: datetime | None) -> None:
+    """The chunk's container started: its slice is held from then, recorded in the same step as the chunk is
+    found still its own. If its job was cancelled (or the chunk put back) meanwhile, the container is killed
+    at once and holds nothing: the cancel may have looked for the job's containers before this one existed,
+    and its charges ended with it. Either way a cancel is final."""
+    with transaction.atomic():
+        if _may_render(job_id, chunk_id, slice_id):
+            holding_started(slice_id, at or timezone.now())
+            return
+    if watched.container_id is not None:
+        log.info("render job %s: chunk %s's container started after its end; killed", job_id, chunk_id)
+        watched.kill(watched.container_id)
 
 
 def _too_much_output(limit: int) -> str:

@@ -82,16 +82,25 @@ class DockerRuntime:
     def start(self, spec: ContainerSpec, command: list[str], **overrides: Any) -> str:
         """Create and start a container of the spec (its CPUs cut to the host's) running ``command``;
         returns its id. If it cannot start, no container is left behind."""
+        container_id = self.create(spec, command, **overrides)
+        self.start_created(container_id, spec.image)
+        return container_id
+
+    def create(self, spec: ContainerSpec, command: list[str], **overrides: Any) -> str:
+        """Create, not start, a container of the spec (its CPUs cut to the host's) running ``command``."""
         options = container_options(spec.with_cpus_at_most(self.host_cpus()), command=command, **overrides)
-        created = None
         try:
-            created = self.client.containers.create(**options)
-            created.start()
+            return str(self.client.containers.create(**options).id)
         except DockerException as error:
-            if created is not None:
-                self.remove(str(created.id))
             raise RuntimeError_(f"starting a container of {spec.image} failed: {error}") from None
-        return str(created.id)
+
+    def start_created(self, container_id: str, image: str) -> None:
+        """Start a created container; if it cannot start, it is removed."""
+        try:
+            self.client.containers.get(container_id).start()
+        except DockerException as error:
+            self.remove(container_id)
+            raise RuntimeError_(f"starting a container of {image} failed: {error}") from None
 
     def output_lines(self, container_id: str, longest: int = 64 * 1024) -> Iterator[str]:
         """What a container prints, stdout and stderr as they interleave, line by line as it comes, until

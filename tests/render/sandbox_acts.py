@@ -84,7 +84,7 @@ def flip_in(container: str, names: list[str], targets: tuple[str, str]) -> None:
 
 
 @contextlib.contextmanager
-def alongside(action: Callable[[], None], before_join: Callable[[], None] | None = None) -> Iterator[None]:
+def alongside(action: Callable[[], object], before_join: Callable[[], None] | None = None) -> Iterator[None]:
     """Run ``action`` in a thread while the block runs; its failure fails the test. ``before_join`` is called
     when the block ends, however it ends (to let go of whatever the thread may wait for)."""
     failures: list[BaseException] = []
