@@ -22,7 +22,7 @@ from typing import Any
 
 from sessions.runtime import blender
 from sessions.runtime.blender import RenderSettings
-from sessions.runtime.blender_log import CLOCK, BlenderLog, Event, FrameTiming
+from sessions.runtime.blender_log import CLOCK, MOST_KEPT, BlenderLog, Event, FrameTiming
 from sessions.runtime.docker import DockerRuntime
 from sessions.runtime.scene_facts import SceneFacts
 from sessions.runtime.spec import LABEL_PREFIX, ContainerSpec
@@ -285,7 +285,7 @@ def render(
     """Render frames of a scene into ``output`` on the spec's slice; fails (``failure`` in words, the log's
     excerpt) unless Blender exited cleanly and every frame's file is there."""
     mark = blender.new_mark()
-    log = BlenderLog(mark)
+    log = BlenderLog(mark, most_kept=MOST_KEPT + 2 * len(frames))  # each frame's saved and preview lines kept
     command = blender.render_command(scene.blend, frames, settings, mark, threads_for(spec, runtime))
     ended = run_sandboxed(
         runtime,
