@@ -237,6 +237,9 @@ def test_someone_outside_users_is_refused_before_the_body_is_read(render_dir: Pa
         ({"resolution_percent": "0"}, "resolution_percent", "greater than or equal to 1"),
         ({"max_slices": "99"}, "max_slices", "at most 4 slices at once"),
         ({"output_format": "JPEG"}, "output_format", "Select a valid choice"),
+        # Past PostgreSQL's integer it was a 500; past a job's frames it means nothing.
+        ({"chunk_size": "99999999999999"}, "chunk_size", "A chunk holds at most 10,000 frames"),
+        ({"chunk_size": "10001"}, "chunk_size", "A chunk holds at most 10,000 frames"),
     ],
 )
 def test_a_bad_setting_is_refused_on_the_form_and_the_upload_removed(
