@@ -338,6 +338,10 @@ MAX_SLICES_PER_USER = env.integer("PORTAL_MAX_SLICES_PER_USER", 4, minimum=0)
 CPUS_PER_COMPUTE_SLICE = env.integer("PORTAL_CPUS_PER_COMPUTE_SLICE", 2, minimum=1)
 HOST_MEMORY_PER_GPU_GIB = env.integer("PORTAL_HOST_MEMORY_PER_GPU_GIB", 1, minimum=1)
 CONTAINER_PIDS_LIMIT = env.integer("PORTAL_CONTAINER_PIDS_LIMIT", 1024, minimum=16)
+# A GPU container's output on the host's disk (the engine's json-file log): rotated at this size, this many
+# files kept.
+CONTAINER_LOG_MAX_BYTES = env.integer("PORTAL_CONTAINER_LOG_MAX_BYTES", 10 * 1024**2, minimum=64 * 1024)
+CONTAINER_LOG_FILES = env.integer("PORTAL_CONTAINER_LOG_FILES", 3, minimum=1)
 # Labels this portal's containers, so reconciliation never removes another portal's on the same engine.
 INSTANCE_ID = env.text("PORTAL_INSTANCE_ID", "") or secret_file(DATA_DIR / "instance_id", lambda: secrets.token_hex(6))
 

@@ -65,13 +65,14 @@ class DockerRuntime:
         except DockerException as error:
             raise RuntimeError_(f"cannot reach the Docker engine: {error}") from None
         self._host_cpus: int | None = None
+        self._host_memory: int | None = None
 
     def start_for_slice(
         self, taken: Slice, image: str, *, labels: dict[str, str] | None = None, **overrides: Any
     ) -> str:
         """Create and start a container on the slice (no network: batch work); returns its id."""
         try:
-            spec = spec_for(taken, image, labels=labels, host_cpus=self.host_cpus())
+            spec = self.within_host(spec_for(taken, image, labels=labels))
             options = container_options(spec, **overrides)
             container = self.client.containers.create(**options)
             container.start()
@@ -88,7 +89,7 @@ class DockerRuntime:
 
     def create(self, spec: ContainerSpec, command: list[str], **overrides: Any) -> str:
         """Create, not start, a container of the spec (its CPUs cut to the host's) running ``command``."""
-        options = container_options(spec.with_cpus_at_most(self.host_cpus()), command=command, **overrides)
+        options = container_options(self.within_host(spec), command=command, **overrides)
         try:
             return str(self.client.containers.create(**options).id)
         except DockerException as error:
@@ -146,6 +147,16 @@ class DockerRuntime:
         if self._host_cpus is None:
             self._host_cpus = int(self.client.info()["NCPU"])
         return self._host_cpus
+
+    def host_memory(self) -> int:
+        """Bytes of memory of the engine's host: no container may be given more than its share of them."""
+        if self._host_memory is None:
+            self._host_memory = int(self.client.info()["MemTotal"])
+        return self._host_memory
+
+    def within_host(self, spec: ContainerSpec) -> ContainerSpec:
+        """The spec with its CPUs and memory cut to what this engine's host has."""
+        return spec.within_host(self.host_cpus(), self.host_memory())
 
     def wait(self, container_id: str, timeout: float = 60) -> int:
         result = self.client.containers.get(container_id).wait(timeout=timeout)

@@ -228,7 +228,12 @@ class RenderResult:
 
 def threads_for(spec: ContainerSpec, runtime: DockerRuntime) -> int:
     """Cycles' threads: the slice's CPUs (left alone, it would start one per host core and be throttled)."""
-    return max(1, math.ceil(spec.with_cpus_at_most(runtime.host_cpus()).limits.cpus))
+    return max(1, math.ceil(runtime.within_host(spec).limits.cpus))
+
+
+def memory_of(spec: ContainerSpec, runtime: DockerRuntime) -> int:
+    """The memory the container is given: its slice's share, cut to what its host can give."""
+    return runtime.within_host(spec).limits.memory_bytes
 
 
 def _saved_frames(log: BlenderLog, output: Path, frames: tuple[int, ...], file_format: str) -> dict[int, Path]:
@@ -300,7 +305,7 @@ def render(
         output_limit=output_limit,
     )
     saved = _saved_frames(log, output, frames, settings.file_format)
-    failure = _failure(ended, log, settings, wall_time_s, spec.limits.memory_bytes)
+    failure = _failure(ended, log, settings, wall_time_s, memory_of(spec, runtime))
     if failure is None and len(saved) < len(frames):
         failure = _explained(f"{len(frames) - len(saved)} of {len(frames)} frames were not saved", log)
     return RenderResult(ended, frames, saved, log, failure, _device(log))
@@ -335,7 +340,7 @@ def read_scene(runtime: DockerRuntime, spec: ContainerSpec, scene: Scene, *, wal
         purpose="facts",
         on_line=log.feed,
     )
-    facts = _facts(log, scene, ended, wall_time_s, spec.limits.memory_bytes)
+    facts = _facts(log, scene, ended, wall_time_s, memory_of(spec, runtime))
     if ended.exit_code:
         raise SceneUnreadable(f"Blender could not read {scene.name}: exit status {ended.exit_code}", log.excerpt())
     return facts
@@ -399,13 +404,13 @@ def probe(
         on_line=log.feed,
         output_limit=output_limit,
     )
-    facts = _facts(log, scene, ended, wall_time_s, spec.limits.memory_bytes)
+    facts = _facts(log, scene, ended, wall_time_s, memory_of(spec, runtime))
     size = facts.size_at(low.percentage)
     if low.max_side and max(size) > low.max_side:
         raise SceneTooLarge(scene.name, size, low.percentage or facts.resolution_percentage, low.max_side)
     rendered = facts.frame_start if frame is None else frame
     saved = _saved_frames(log, output, (rendered,), low.file_format)
-    failure = _failure(ended, log, low, wall_time_s, spec.limits.memory_bytes)
+    failure = _failure(ended, log, low, wall_time_s, memory_of(spec, runtime))
     if failure is None and not saved:
         failure = "the frame was not saved"
     result = RenderResult(ended, (rendered,), saved, log, failure, _device(log))

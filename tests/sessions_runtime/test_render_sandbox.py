@@ -163,7 +163,7 @@ def test_three_frames_render_with_progress_saved_lines_and_pngs_on_the_slice(
     host = inspected[0]["HostConfig"]
     assert host["NetworkMode"] == "none" and host["ReadonlyRootfs"] is True
     assert host["CapDrop"] == ["ALL"] and host["SecurityOpt"] == ["no-new-privileges:true"]
-    limits = spec.with_cpus_at_most(runtime.host_cpus()).limits
+    limits = runtime.within_host(spec).limits
     assert (host["NanoCpus"], host["Memory"], host["PidsLimit"]) == (
         int(limits.cpus * 1e9),
         limits.memory_bytes,
