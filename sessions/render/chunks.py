@@ -157,7 +157,7 @@ def _run(claim: Claim) -> datetime | None:
     """Render one chunk in the sandbox; returns its container's end moment."""
     job, chunk, taken = claim.job, claim.chunk, claim.taken
     output = output_folder(job, chunk)
-    output.mkdir(parents=True, exist_ok=True)
+    files.make_private(output)
     how = render_settings(job, taken)
     written = Written(job, chunk, output, _most_pixels(job), how.preview_pixels**2)
     run = progress.ChunkRun(

@@ -20,6 +20,19 @@ from typing import BinaryIO
 log = logging.getLogger(__name__)
 
 
+def make_private(folder: Path) -> None:
+    """Make a folder, and those above it that are missing, each for the portal's user alone (0700): nobody
+    else on the host lists or reads a person's jobs (the render sandbox reaches its folders through its
+    mounts, whatever the folders above them allow)."""
+    missing: list[Path] = []
+    while not os.path.lexists(folder):
+        missing.append(folder)
+        folder = folder.parent
+    for path in reversed(missing):
+        with contextlib.suppress(FileExistsError):  # made by another upload meanwhile
+            path.mkdir(mode=0o700)
+
+
 def open_written(folder: Path, name: str) -> BinaryIO | None:
     """A file a sandbox wrote, opened for reading once: ``name`` a plain name inside ``folder``, the folder and
     then the file opened without following a link (a FIFO without waiting for a writer), and only a regular

@@ -208,7 +208,7 @@ def estimate(job_id: int) -> RenderJob:
 def _probe(job: RenderJob, taken: Slice, watched: containers.Watched) -> Probe | Exception:
     output = job.folder_path() / PROBE
     try:
-        output.mkdir(exist_ok=True)  # never its parents: a job cancelled meanwhile has no folder left
+        output.mkdir(mode=0o700, exist_ok=True)  # never its parents: a job cancelled meanwhile has no folder left
         return probe(
             watched,
             spec_for(taken, RENDER_IMAGE, labels=containers.labels(job.pk)),

@@ -18,6 +18,8 @@ from typing import BinaryIO
 from django.conf import settings
 from PIL import Image, UnidentifiedImageError
 
+from sessions.render.files import make_private
+
 log = logging.getLogger(__name__)
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 # A stereo pair written side by side (or one above the other) is one file of twice a frame's pixels.
@@ -69,7 +71,7 @@ def make_thumbnail(frame: BinaryIO, folder: Path, longest_side: int, of: str, mo
     if why_not is not None:
         log.warning("no thumbnail of %s: %s", of, why_not)
         return None
-    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    make_private(folder)
     target = folder / thumbnail_name(of)
     # Pillow's own guard, behind ours: no frame the portal renders at all is larger than this.
     Image.MAX_IMAGE_PIXELS = STEREO * settings.RENDER_MAX_RESOLUTION**2
