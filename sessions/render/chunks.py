@@ -12,6 +12,7 @@ with its last container.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from dataclasses import dataclass
 from datetime import datetime
@@ -187,10 +188,10 @@ def _run(claim: Claim) -> datetime | None:
         outcome = Outcome(result.failure, result.log.excerpt(), run.live())
         if result.exit.output_exceeded:
             outcome = Outcome(_too_much_output(limit), outcome.excerpt, outcome.live, final=True)
-            _keep_only_frames(job, output)
     except (RuntimeError_, FileNotFoundError, ValueError) as error:
         outcome = Outcome(str(error), "", run.live())
-    _chunk_ended(job.pk, chunk.pk, taken.pk, outcome)
+    if _chunk_ended(job.pk, chunk.pk, taken.pk, outcome) in (ChunkState.PENDING, ChunkState.FAILED):
+        _keep_only_frames(job, output)  # the attempt failed: what it wrote besides its frames is of no use
     return watched.finished_at
 
 
@@ -229,9 +230,12 @@ def _too_much_output(limit: int) -> str:
 
 
 def _keep_only_frames(job: RenderJob, output: Path) -> None:
-    """What a run stopped for its output leaves: its finished frames stay, the rest goes at once."""
+    """What a failed run leaves: its finished frames stay (their rows point into its folder), the rest goes at
+    once, and the folder too where it finished none."""
     done = job.frame_results.filter(state=FrameState.DONE).exclude(output_path="")
     files.prune(output, {job.folder_path() / path for path in done.values_list("output_path", flat=True)})
+    with contextlib.suppress(OSError):  # not empty: it holds finished frames
+        output.rmdir()
 
 
 @dataclass(frozen=True)
@@ -307,12 +311,13 @@ def _remove_previews(output: Path) -> None:
             preview.unlink(missing_ok=True)  # a link is removed as a link
 
 
-def _chunk_ended(job_id: int, chunk_id: int, slice_id: int, outcome: Outcome) -> None:
+def _chunk_ended(job_id: int, chunk_id: int, slice_id: int, outcome: Outcome) -> str | None:
+    """Record how the run went; the chunk's state after it (None: it was no longer this run's to record)."""
     with transaction.atomic():
         job = locked(job_id)
         chunk = RenderChunk.objects.select_for_update().get(pk=chunk_id)
         if chunk.state != ChunkState.RENDERING or chunk.slice_id != slice_id:
-            return  # cancelled, or put back by reconciliation meanwhile
+            return None  # cancelled, or put back by reconciliation meanwhile
         missing = list(
             job.frame_results.filter(number__in=chunk.frames)
             .exclude(state=FrameState.DONE)
@@ -335,6 +340,7 @@ def _chunk_ended(job_id: int, chunk_id: int, slice_id: int, outcome: Outcome) ->
         if job.state == State.RENDERING and not job.frame_results.exclude(state=FrameState.DONE).exists():
             job.save(update_fields=job.move(State.DONE))
         progress.announce(job, outcome.live)
+    return str(chunk.state)
 
 
 def _fail(job: RenderJob, chunk: RenderChunk, missing: list[int], outcome: Outcome) -> None:

@@ -47,11 +47,11 @@ while True:
 """
 
 
-def running_container(job: RenderJob, timeout: float = 120) -> str:
-    """The job's chunk container, once it runs."""
+def running_container(job: RenderJob, timeout: float = 120, other_than: tuple[str, ...] = ()) -> str:
+    """The job's chunk container (not one of ``other_than``), once it runs."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        for container in containers_of(job):
+        for container in set(containers_of(job)) - set(other_than):
             state = subprocess.run(
                 [DOCKER, "inspect", "--format", "{{.State.Running}}", container], capture_output=True, text=True
             )
@@ -66,6 +66,11 @@ def exec_in(container: str, command: list[str], stdin: bytes = b"", detach: bool
     flags = ["-d"] if detach else ["-i"]
     result = subprocess.run([DOCKER, "exec", *flags, container, *command], input=stdin, capture_output=True)
     assert result.returncode == 0, result.stderr.decode(errors="replace")
+
+
+def kill(container: str) -> None:
+    """The container dies (as if the engine or the host killed it); the sandbox runner removes it."""
+    subprocess.run([DOCKER, "kill", container], capture_output=True, check=False)
 
 
 def write_in(container: str, name: str, data: bytes) -> None:

@@ -9,7 +9,6 @@ portal renders fails its estimate, saying so, before anything is rendered."""
 from __future__ import annotations
 
 import os
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -25,6 +24,7 @@ from sessions.runtime import blender
 from tests.render.sandbox_acts import (
     alongside,
     flip_in,
+    kill,
     large_png,
     other_format,
     png,
@@ -33,7 +33,6 @@ from tests.render.sandbox_acts import (
     write_in,
 )
 from tests.render.stack import (  # noqa: F401 (fixtures)
-    DOCKER,
     make_job,
     own_folder,
     queued_as_one_chunk,
@@ -115,7 +114,7 @@ def test_a_png_larger_than_the_job_renders_and_an_image_of_another_format_named_
             say_in(container, f"Saved: '{blender.OUTPUT_DIR}/{blender.frame_file(number)}'")
         done = RenderFrame.objects.filter(job=job, number__in=[2, 3], state=FrameState.DONE)
         wait_for(lambda: done.count() == 2, 60, "the portal to record what the sandbox said it saved")
-        subprocess.run([DOCKER, "kill", container], capture_output=True, check=False)
+        kill(container)
 
     with alongside(sandbox):
         chunks.work_on_slice(job.pk, held.pk)
