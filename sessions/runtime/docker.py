@@ -20,7 +20,7 @@ from docker.types import IPAMConfig, IPAMPool
 from sessions.gpus.models import Slice
 from sessions.runtime.network import UserNetwork
 from sessions.runtime.slices import spec_for
-from sessions.runtime.spec import INSTANCE_LABEL, LABEL_PREFIX, ContainerSpec
+from sessions.runtime.spec import HARDENING, INSTANCE_LABEL, LABEL_PREFIX, ContainerSpec
 from sessions.runtime.times import engine_time
 
 
@@ -102,6 +102,32 @@ class DockerRuntime:
         except DockerException as error:
             self.remove(container_id)
             raise RuntimeError_(f"starting a container of {image} failed: {error}") from None
+
+    def run_briefly(self, image: str, command: list[str], user: str, volumes: dict[str, dict[str, str]]) -> int:
+        """Run a short chore of ours in a container of this portal with no network, no device, no capability,
+        a read-only root and only ``volumes`` mounted; its exit status once it ended (it is then removed)."""
+        options = {
+            "image": image,
+            "command": command,
+            "user": user,
+            "volumes": volumes,
+            "labels": {INSTANCE_LABEL: settings.INSTANCE_ID, f"{LABEL_PREFIX}.chore": "1"},
+            "network_mode": "none",
+            "read_only": True,
+            "pids_limit": 64,
+            "mem_limit": 256 * 1024**2,
+            **{key: list(value) for key, value in HARDENING.items()},
+        }
+        container_id = None
+        try:
+            container_id = str(self.client.containers.create(**options).id)
+            self.client.containers.get(container_id).start()
+            return self.wait(container_id, timeout=120)
+        except (DockerException, OSError) as error:  # the SDK's timeouts are OSErrors
+            raise RuntimeError_(f"running {command[0]} in a container of {image} failed: {error}") from None
+        finally:
+            if container_id is not None:
+                self.remove(container_id)
 
     def output_lines(self, container_id: str, longest: int = 64 * 1024) -> Iterator[str]:
         """What a container prints, stdout and stderr as they interleave, line by line as it comes, until

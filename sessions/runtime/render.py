@@ -2,15 +2,16 @@
 
 The sandbox is the slice's container spec (its GPU device request, CPU/memory/process limits, no network,
 no capabilities, no privilege gain) plus: a read-only root, the scene folder mounted read-only at /scene,
-one output folder at /out the only writable place (and a small tmpfs /tmp), a non-root user, a
-wall-time limit past which the container is killed, and a bound on what its output folder may hold (a
-watchdog counts it a few times a second and kills the container past it: /out is a host folder, and a
-hostile scene must not fill the host's disk). Every container is removed when its run ends.
-Blender runs with the file's scripts disabled and factory settings (``sessions.runtime.blender``).
-"""
+one output folder at /out the only writable place (and a small tmpfs /tmp), the image's own unprivileged
+user whoever runs the portal, a wall-time limit past which the container is killed, and a bound on what
+its output folder may hold (a watchdog counts it a few times a second and kills the container past it:
+/out is a host folder, and a hostile scene must not fill the host's disk). Every container is removed when
+its run ends. Blender runs with the file's scripts disabled and factory settings
+(``sessions.runtime.blender``)."""
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import time
@@ -23,11 +24,12 @@ from typing import Any
 from sessions.runtime import blender
 from sessions.runtime.blender import RenderSettings
 from sessions.runtime.blender_log import CLOCK, MOST_KEPT, BlenderLog, Event, FrameTiming
-from sessions.runtime.docker import DockerRuntime
+from sessions.runtime.docker import DockerRuntime, RuntimeError_
 from sessions.runtime.scene_facts import SceneFacts
 from sessions.runtime.spec import LABEL_PREFIX, ContainerSpec
 from sessions.runtime.watchdogs import Watchdogs, size_words
 
+log = logging.getLogger(__name__)
 RENDER_IMAGE = "gpu-portal/render:latest"  # built by compose/bin/build-render-image
 RENDER_UID = 10000  # the image's `render` user (compose/images/render/Dockerfile)
 TMP = "/tmp"  # noqa: S108 (the container's own: a small tmpfs, gone with it)
@@ -85,27 +87,48 @@ class Scene:
 
 
 def container_user() -> str:
-    """Who Blender runs as: the image's `render` user where the portal runs as root, else the portal's own
-    user (never root either way)."""
-    uid = os.geteuid()
-    return f"{RENDER_UID}:{RENDER_UID}" if uid == 0 else f"{uid}:{os.getegid()}"
+    """Who Blender runs as: the image's `render` user, whoever runs the portal (never root, and never the
+    portal's own user: nothing the sandbox writes is the portal's)."""
+    return f"{RENDER_UID}:{RENDER_UID}"
 
 
 def hand_over(scene_folder: Path, output: Path | None) -> None:
-    """Let the container's user read the scene and write the output folder (only needed as root: otherwise
-    it is the portal's own user). The scene's files join the `render` group, readable, never writable."""
-    if os.geteuid() != 0:
-        return
+    """Let the sandbox's user read the scene, never write it, and write the output folder. As root, the
+    scene's files join the `render` group and the output folder is the `render` user's. A portal that is not
+    root cannot give its files away: the scene becomes readable by others and the output folder writable by
+    others, which reaches the sandbox alone: both lie in the job's folder, the portal's user's alone (0700),
+    and the sandbox reaches them through its mounts, whatever the folders above them allow."""
+    root = os.geteuid() == 0
     if output is not None:
-        os.chown(output, RENDER_UID, RENDER_UID)
-        output.chmod(0o700)
+        if root:
+            os.chown(output, RENDER_UID, RENDER_UID)
+        output.chmod(0o700 if root else 0o777)
+    readable, searchable = (0o040, 0o010) if root else (0o004, 0o001)
     for folder, _, files in os.walk(scene_folder):
         for path in [Path(folder), *(Path(folder) / name for name in files)]:
             if path.is_symlink():
                 continue
             mode = path.stat().st_mode
-            os.chown(path, -1, RENDER_UID, follow_symlinks=False)
-            path.chmod((mode | 0o040 | (0o010 if path.is_dir() else 0)) & ~0o020)
+            if root:
+                os.chown(path, -1, RENDER_UID, follow_symlinks=False)
+            path.chmod((mode | readable | (searchable if path.is_dir() else 0)) & ~0o022)
+
+
+def give_back(runtime: DockerRuntime, image: str, output: Path | None) -> None:
+    """After a run, as a portal that is not root: what the sandbox wrote is its user's, and a folder it made
+    the portal could neither empty nor remove. Where it made one (Blender makes none), a short container of
+    that same user, with no network and nothing but the output folder mounted, opens the output folder's
+    contents up to others (inside the job's private folder, that is the portal)."""
+    if output is None or os.geteuid() == 0:
+        return
+    with os.scandir(output) as entries:
+        if not any(entry.is_dir(follow_symlinks=False) for entry in entries):
+            return
+    volumes = {str(output.resolve()): {"bind": blender.OUTPUT_DIR, "mode": "rw"}}
+    try:
+        runtime.run_briefly(image, ["chmod", "-R", "a+rwX", blender.OUTPUT_DIR], container_user(), volumes)
+    except RuntimeError_ as error:  # the run's own outcome stands; what cannot be removed later is logged then
+        log.warning("could not open up %s after its run: %s", output, error)
 
 
 def sandbox_options(scene_folder: Path, output: Path | None) -> dict[str, Any]:
@@ -179,6 +202,7 @@ def run_sandboxed(
     finally:
         watchdogs.stop()
         runtime.remove(container_id)
+        give_back(runtime, spec.image, output)
     return Exit(
         state.exit_code,
         watchdogs.timed_out.is_set(),
