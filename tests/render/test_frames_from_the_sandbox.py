@@ -95,7 +95,7 @@ def test_frame_files_flipped_to_links_while_the_chunk_renders_read_nothing_outsi
     for frame in RenderFrame.objects.filter(job=job, state=FrameState.DONE):
         if (job.folder_path() / frame.output_path).is_symlink():  # swapped after the portal read the file
             with pytest.raises(Http404):
-                results.inside_job(job, frame.output_path)  # its download reads nothing outside either
+                results.open_inside(job, frame.output_path)  # its download reads nothing outside either
 
 
 def test_a_png_larger_than_the_job_renders_and_an_image_of_another_format_named_png_are_not_decoded(
