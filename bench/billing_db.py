@@ -33,7 +33,7 @@ from django.test.utils import CaptureQueriesContext  # noqa: E402
 
 from billing import meter, rollup, seeds  # noqa: E402
 from billing.models import Account, ChargedMinute, Entry, LedgerTransaction, Market, Price, Usage, UsageDay  # noqa: E402
-from billing.prices import database_now  # noqa: E402
+from portal.clock import database_now  # noqa: E402
 from sessions.gpus.fleet import sync_fleet  # noqa: E402
 from sessions.gpus.models import Gpu, Slice  # noqa: E402
 

@@ -7,11 +7,14 @@ class BillingConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        # Sessions never import billing: billing tells the launch path what offers cost and who may not launch.
-        from billing.launch import BillingPricing
+        # Sessions never import billing: billing tells the launch path what offers cost, and every allocation
+        # (the workloads' gate) who may not start anything.
+        from billing.launch import BillingPricing, CreditGate
         from billing.metrics import BillingCollector
+        from sessions.gpus import workloads
         from sessions.metrics import prometheus
         from sessions.notebooks import pricing
 
         pricing.register(BillingPricing())
+        workloads.register_gate(CreditGate())
         prometheus.add_collector(BillingCollector())

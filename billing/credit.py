@@ -1,6 +1,8 @@
 """Credit as people live with it: what runs and what it burns, how long the balance lasts, monthly
-budgets with alerts at 50/80/100 %, and the zero-balance stop (a warning, a grace period, then the
-person's sessions are stopped with reason ``credit`` and charged to the moment each container is gone).
+budgets with alerts at 50/80/100 %, and the zero-balance stop (a warning, a grace period, then every
+workload of the person's, of every kind (``sessions.gpus.workloads``: notebook sessions, render jobs), is
+stopped with reason ``credit`` and charged to the moment each container was gone; nothing new starts for
+them until credit is back).
 
 The balance is the ledger's (billing/ledger.py); the cost of a running holding is its started minutes
 at its frozen rate (billing/meter.py's rule), so what is shown rising is what the meter charges.
@@ -25,9 +27,10 @@ from django.utils import timezone
 from billing import ledger, meter, money, prices
 from billing.models import Account, Budget, BudgetAlert, CreditStop, Entry, LedgerTransaction, Usage
 from portal import push
+from portal.clock import database_now
+from sessions.gpus import workloads
 from sessions.gpus.models import Slice
 from sessions.notebooks.models import NotebookSession
-from sessions.notebooks.services import stop_session
 
 log = logging.getLogger(__name__)
 THRESHOLDS = (50, 80, 100)
@@ -105,10 +108,10 @@ def rates_of(holdings: Sequence[Slice]) -> dict[int, Decimal]:
     for held in holdings:
         if held.pk not in rates and held.held_from is not None:
             unopened.append(held)
-            wanted.append((prices.key_of(held, prices.market_of(held)), held.held_from))
+            wanted.append((prices.key_of(held, prices.market_of(held)), meter.quoted_at(held)))
     for held, price in zip(unopened, prices.in_force_at(wanted), strict=True):
         if price is not None:
-            shares = max(held.gpu.share_limit, 1) if held.kind == Slice.Kind.SHARED else 1
+            shares = max(held.shares, 1) if held.kind == Slice.Kind.SHARED else 1
             rates[held.pk] = money.per_minute(price.per_hour, shares)
     return rates
 
@@ -126,12 +129,14 @@ def running_costs(holdings: Sequence[Slice], now: datetime | None = None) -> dic
     if not begun:
         return {}
     rates, names = rates_of(begun), _names(begun)
-    now = now or prices.database_now()
+    now = now or database_now()
     found = {}
     for held in begun:
         if held.pk in rates:
             assert held.held_from is not None
-            minutes = meter.minutes_due(held.held_from, ended_at(held), now)
+            # By the clock, not capped at the last proof of life: what it will have cost once reconciliation (every
+            # 20 s) confirms it runs, which the meter then charges; the history marks it "not yet charged".
+            minutes = meter.minutes_due(held.held_from, ended_at(held), now, now)
             found[held.pk] = Running(held, rates[held.pk], minutes, _what(held, names), now)
     return found
 
@@ -179,13 +184,39 @@ def launch_refusal(owner: User, per_minute: Decimal | None, spot: bool) -> str |
     need = (per_minute * HOUR + current.burn_per_hour) * minutes / HOUR
     if current.balance >= need:
         return None
-    beside = " together with your running sessions" if current.running else ""
+    beside = " together with what already runs" if current.running else ""
     market = "spot " if spot else ""
     return (
         f"Not enough credit: this {market}slice costs {money.shown(per_minute * HOUR)} an hour, and starting it needs"
         f" credit for {minutes} minutes{beside} ({money.shown(need)}); your balance is"
         f" {money.shown(current.balance)}. Ask an operator to top up your credit, or pick a cheaper slice."
     )
+
+
+def commitment_refusal(owner: User, cost: Decimal, what: str) -> str | None:
+    """Why ``owner`` may not commit to ``cost`` (a render job's whole estimate): the balance must cover it and
+    PORTAL_BILLING_MIN_MINUTES of what already runs. None when it does, or when that setting is 0 (nothing is
+    refused for credit)."""
+    if not settings.BILLING_MIN_MINUTES:
+        return None
+    if open_stop(owner) is not None:
+        return RAN_OUT
+    current = wallet(owner)
+    need = cost + current.burn_per_hour * settings.BILLING_MIN_MINUTES / HOUR
+    if current.balance >= need:
+        return None
+    beside = f", with {settings.BILLING_MIN_MINUTES} minutes of what already runs," if current.running else ""
+    return (
+        f"Not enough credit: {what} comes to {money.shown(cost)}{beside} ({money.shown(need)} in all); your balance"
+        f" is {money.shown(current.balance)}. Ask an operator to top up your credit, or render fewer frames,"
+        " fewer samples or a smaller resolution."
+    )
+
+
+RAN_OUT = (
+    "Your credit has run out: nothing new starts until it is topped up, and what runs is stopped at the end of the"
+    " grace time. Ask an operator to top up your credit."
+)
 
 
 # Budgets.
@@ -202,9 +233,9 @@ def _month_bounds(month: date) -> tuple[datetime, datetime]:
 
 
 def _spending(month: date) -> QuerySet[Entry]:
-    """Wallet entries of the month's charges (and of their reversals, which give money back)."""
+    """Wallet entries of the month's charges (and of their reversals and settlements, which give money back)."""
     start, end = _month_bounds(month)
-    charges = Q(transaction__kind=LedgerTransaction.Kind.USAGE) | Q(
+    charges = Q(transaction__kind__in=[LedgerTransaction.Kind.USAGE, LedgerTransaction.Kind.SETTLEMENT]) | Q(
         transaction__kind=LedgerTransaction.Kind.REVERSAL, transaction__reverses__kind=LedgerTransaction.Kind.USAGE
     )
     return Entry.objects.filter(
@@ -270,7 +301,7 @@ def check_budgets(now: datetime | None = None) -> int:
     """Beat: record every threshold crossed this month (shown once on the dashboard and pushed once), then
     mail each alert whose mail is still due; returns how many alerts were new. The month is the database's,
     the clock the charges were posted by."""
-    now = now or prices.database_now()
+    now = now or database_now()
     month = month_of(now)
     by_person = spent_by_person(month)
     memberships: dict[int, list[int]] = {}
@@ -376,19 +407,15 @@ def open_stop(user: User) -> CreditStop | None:
 
 
 def check_balances(now: datetime | None = None) -> dict[str, int]:
-    """Beat: warn whoever holds slices at a zero balance, stop their sessions once the grace period is over,
-    and clear the warning of whoever has credit again. The grace time runs by the database's clock, whichever
-    worker's clock checks it."""
-    now = now or prices.database_now()
-    holders = set(
-        Slice.objects.filter(held_from__isnull=False, held_until__isnull=True, released_at__isnull=True).values_list(
-            "owner_id", flat=True
-        )
-    )
+    """Beat: warn whoever holds slices at a zero balance, stop every workload of theirs once the grace period is
+    over, and clear the warning of whoever has credit again. The grace time runs by the database's clock,
+    whichever worker's clock checks it."""
+    now = now or database_now()
+    holders = set(Slice.objects.filter(released_at__isnull=True).values_list("owner_id", flat=True))
     stops = {stop.user_id: stop for stop in CreditStop.objects.filter(cleared_at__isnull=True)}
     balances = _balances(holders | set(stops))
     counts = {"warned": 0, "stopped": 0, "cleared": 0}
-    for user_id in holders:
+    for user_id in holders | {user_id for user_id, stop in stops.items() if stop.stopped_at is None}:
         if balances.get(user_id, Decimal(0)) > 0:
             continue
         stop = stops.get(user_id)
@@ -425,23 +452,18 @@ def _warn(user_id: int, now: datetime) -> int:
 
 def zero_balance_text(stop_at: datetime) -> str:
     return (
-        f"Your credit has run out. Your running sessions will be stopped at {stop_at:%H:%M} UTC unless your"
-        " credit is topped up; ask an operator."
+        f"Your credit has run out. Your running sessions and render jobs will be stopped at {stop_at:%H:%M} UTC"
+        " unless your credit is topped up, and nothing new starts until it is; ask an operator."
     )
 
 
 def _stop(stop: CreditStop, now: datetime) -> int:
-    """Stop the person's running and starting sessions (each is charged to the moment its container is gone)."""
+    """Stop every live workload of the person's, of every kind (each charged to the moment its containers were
+    gone); one that starts meanwhile is stopped at the next check, and the gate lets nothing new start."""
     if CreditStop.objects.filter(pk=stop.pk, stopped_at__isnull=True).update(stopped_at=now):
-        push.notify_user(stop.user_id, {"type": "billing.credit_stop", "text": "Your sessions are being stopped."})
-    stopping = NotebookSession.objects.filter(
-        owner_id=stop.user_id, state__in=[NotebookSession.State.STARTING, NotebookSession.State.RUNNING]
-    )
-    count = 0
-    for session_id in stopping.values_list("pk", flat=True):
-        stop_session(session_id, by=None, reason=NotebookSession.EndReason.CREDIT)
-        count += 1
-    return count
+        text = "Your credit has run out: your sessions and render jobs are being stopped."
+        push.notify_user(stop.user_id, {"type": "billing.credit_stop", "text": text})
+    return workloads.stop_all(workloads.live(stop.user_id), workloads.Reason.CREDIT)
 
 
 def clear(stop: CreditStop, now: datetime | None = None) -> int:

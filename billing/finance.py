@@ -22,8 +22,8 @@ from django.urls import reverse
 
 from billing import money, reports
 from billing.models import ChargedMinute, Entry, LedgerTransaction, Market, Usage
-from billing.prices import database_now
 from billing.reports import Scope
+from portal.clock import database_now
 from sessions.metrics.models import GpuMinute
 
 MAX_DAYS = 366

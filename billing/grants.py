@@ -5,6 +5,7 @@ and billing.credit; this module parses and renders.
 
 from __future__ import annotations
 
+import secrets
 from decimal import Decimal
 
 from django import forms
@@ -32,6 +33,9 @@ class CreditForm(forms.Form):
         ]
     )
     reason = forms.CharField(max_length=300, help_text="Why: an invoice number, a course, a refund.")
+    # One key per form shown: a double click, a reload that posts again or a second tab sends the same one, and
+    # the ledger posts it once.
+    key = forms.CharField(max_length=64, widget=forms.HiddenInput, initial=lambda: secrets.token_urlsafe(24))
 
     def clean_username(self) -> User:
         user = User.objects.filter(username=self.cleaned_data["username"].strip()).first()
@@ -69,8 +73,12 @@ def credit_page(request: PortalRequest) -> HttpResponse:
         data = form.cleaned_data
         try:
             ledger.grant_credit(
-                data["username"], data["amount"], by=_staff(request), reason=data["reason"], kind=data["kind"]
-            )
+                data["username"], data["amount"], by=_staff(request), reason=data["reason"], kind=data["kind"],
+                key=data["key"],
+            )  # fmt: skip
+        except ledger.AlreadyPosted:
+            messages.info(request, f"That credit for {data['username']} was already added; it was not added again.")
+            return redirect("billing-credit")
         except ValidationError as error:
             form.add_error("amount" if error.code in AMOUNT_CODES else None, error)
         else:

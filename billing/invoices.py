@@ -1,11 +1,16 @@
 """Monthly invoices: one per person per calendar month (UTC), read from what the meter charged.
 
-A line is one usage's minutes that began in the month (a usage across midnight of the 1st is split by
-minute index), counted from its charged minute rows, or from its daily rows once they are folded
-(billing/rollup.py), at its frozen per-minute rate: never recomputed from prices. Issued invoices are
-never changed; a credit note reverses one in full and gives its amount back to the wallet. Also the
-pages: a person's invoice (print-ready HTML, which the browser prints to PDF), its CSV, staff's credit
-note. Only the owner and staff see an invoice; anyone else gets 404.
+An invoice lists, per usage, its charged minutes that no earlier invoice listed and that began before the
+end of the month: its own month's, and any of an earlier month that were charged after that month's
+invoice (late: a holding confirmed again after an outage). A usage charged past its end after an invoice
+listed those minutes has them given back (a settlement) and the next invoice takes them off with a line
+of negative minutes. Minutes are counted from the usage's charged rows (contiguous from its first minute,
+also once folded into days), at its frozen per-minute rate: never recomputed from prices. Months are issued
+in order, each person's opening balance is the closing balance of their invoices before (so a minute is
+never applied twice), and credit is everything added to the wallet that is not a charge: grants, top-ups,
+credit notes, reversals. Issued invoices are never changed; a credit note reverses one in full and gives
+its amount back to the wallet. Also the pages: a person's invoice (print-ready HTML, which the browser
+prints to PDF), its CSV, staff's credit note. Only the owner and staff see an invoice; anyone else gets 404.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ from django.contrib.auth.decorators import login_required
 from django.contrib.auth.models import AnonymousUser, User
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.db import IntegrityError, connection, transaction
-from django.db.models import Count, Max, Min, Q, Sum
+from django.db.models import F, Max, Q, Sum
 from django.http import Http404, HttpResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_GET, require_POST
@@ -30,7 +35,6 @@ from django.views.decorators.http import require_GET, require_POST
 from billing import ledger, money
 from billing.models import (
     Account,
-    ChargedMinute,
     CreditNote,
     Entry,
     GroupInvoice,
@@ -39,19 +43,21 @@ from billing.models import (
     LedgerTransaction,
     Usage,
 )
-from billing.prices import database_now
 from portal.access import staff_required
+from portal.clock import database_now
 from portal.http import PortalRequest
 from portal.roles import is_operator
 
 MINUTE = timedelta(minutes=1)
 NUMBER_LOCK = 0x696E_766F_6963_6573  # "invoices": numbers are handed out one at a time
 ISSUE_ATTEMPTS = 3
-CREDIT_KINDS = [LedgerTransaction.Kind.GRANT, LedgerTransaction.Kind.TOP_UP]
 CREDIT_APPLIED = (
-    "Credit applied is the part of this month's charges that prepaid credit covered: the wallet's balance at "
-    "the start of the month (if above zero) plus the grants and top-ups added during it, at most the total. "
-    "Balance due is the rest, what the wallet went below zero."
+    "The opening balance is the wallet at the start of the month after every earlier invoice; credit added is "
+    "what was added during it (grants, top-ups, credit notes). Credit applied is the part of this month's "
+    "charges that credit covered, once any balance carried in below zero is paid: the opening balance plus the "
+    "credit added (and any minutes given back), at most the charges. Balance due is the rest, what the wallet "
+    "went below zero. A line with negative minutes gives back minutes an earlier invoice listed, charged past "
+    "the end of their holding; a line that began before this month lists minutes charged after its invoice."
 )
 PAGE = "billing/invoice.html"
 LIST = "billing/invoice_list.html"
@@ -74,54 +80,51 @@ def last_month(now: datetime | None = None) -> date:
 
 # Reading what was charged
 
+CHARGES = [LedgerTransaction.Kind.USAGE, LedgerTransaction.Kind.SETTLEMENT]  # row-backed: listed as lines
+
 
 def _ceil_minutes(span: timedelta) -> int:
     return -(-span // MINUTE)
 
 
-def charged_in(usage: Usage, since: datetime, until: datetime) -> tuple[int, int]:
-    """The first minute index and the number of a usage's charged minutes that began in [since, until)."""
-    low = max(0, _ceil_minutes(since - usage.started))
-    high = min(usage.billed_minutes, max(0, _ceil_minutes(until - usage.started)))
-    if high <= low:
-        return low, 0
-    if usage.folded:
-        days = usage.days.filter(day__gte=since.date(), day__lt=until.date())
-        found = days.aggregate(first=Min("first_minute"), count=Sum("minutes"))
-    else:
-        rows = ChargedMinute.objects.filter(usage=usage, minute__gte=low, minute__lt=high)
-        found = rows.aggregate(first=Min("minute"), count=Count("pk"))
-    return found["first"] or low, int(found["count"] or 0)
+def begun_before(usage: Usage, moment: datetime) -> int:
+    """How many of a usage's minutes began before ``moment``."""
+    return max(0, _ceil_minutes(moment - usage.started))
 
 
-def _lines(user: User, since: datetime, until: datetime) -> list[InvoiceLine]:
+def _lines(user: User, until: datetime) -> list[InvoiceLine]:
+    """Each usage's charged minutes begun before ``until`` that no issued invoice lists yet, and the minutes
+    invoices listed that were given back since; the usages are locked until the invoice is written."""
     usages = (
-        Usage.objects.filter(owner=user, started__lt=until, billed_minutes__gt=0)
-        .exclude(ended__lt=since)
+        Usage.objects.select_for_update(of=("self",))
+        .filter(owner=user, started__lt=until)
+        .exclude(billed_minutes=F("invoiced_minutes"))
         .select_related("slice__gpu")
         .order_by("started", "id")
     )
     lines = []
     for usage in usages:
-        first, minutes = charged_in(usage, since, until)
-        if minutes:
-            lines.append(
-                InvoiceLine(
-                    usage=usage,
-                    holder_kind=usage.holder_kind,
-                    holder_id=usage.holder_id,
-                    gpu_model=usage.slice.gpu.model_name,
-                    kind=usage.slice.kind,
-                    profile=usage.slice.profile,
-                    market=usage.market,
-                    started=usage.started,
-                    ended=usage.ended,
-                    first_minute=first,
-                    minutes=minutes,
-                    per_minute=usage.per_minute,
-                    amount=usage.per_minute * minutes,
-                )
+        upto = min(usage.billed_minutes, begun_before(usage, until))
+        if upto == usage.invoiced_minutes:
+            continue
+        minutes = upto - usage.invoiced_minutes
+        lines.append(
+            InvoiceLine(
+                usage=usage,
+                holder_kind=usage.holder_kind,
+                holder_id=usage.holder_id,
+                gpu_model=usage.slice.gpu.model_name,
+                kind=usage.slice.kind,
+                profile=usage.slice.profile,
+                market=usage.market,
+                started=usage.started,
+                ended=usage.ended,
+                first_minute=min(upto, usage.invoiced_minutes),
+                minutes=minutes,
+                per_minute=usage.per_minute,
+                amount=usage.per_minute * minutes,
             )
+        )
     return lines
 
 
@@ -130,22 +133,30 @@ def _wallet_sum(entries: Q) -> Decimal:
     return total if total is not None else Decimal(0)
 
 
-def _credit(user: User, since: datetime, until: datetime, total: Decimal) -> dict[str, Decimal]:
-    opening = _wallet_sum(Q(account__user=user, transaction__posted_at__lt=since))
-    in_month = Q(account__user=user, transaction__posted_at__gte=since, transaction__posted_at__lt=until)
-    added = _wallet_sum(
-        in_month
-        & (
-            Q(transaction__kind__in=CREDIT_KINDS)
-            | Q(transaction__kind=LedgerTransaction.Kind.REVERSAL, transaction__reverses__kind__in=CREDIT_KINDS)
-        )
-    )
-    applied = min(total, max(Decimal(0), max(opening, Decimal(0)) + added))
+def credit_posted(user: User, until: datetime, since: datetime | None = None) -> Decimal:
+    """What was added to the wallet before ``until`` (from ``since``) that is not a charge: grants, top-ups,
+    credit notes, reversals (and what reversed those)."""
+    posted = Q(account__user=user, transaction__posted_at__lt=until) & ~Q(transaction__kind__in=CHARGES)
+    if since is not None:
+        posted &= Q(transaction__posted_at__gte=since)
+    return _wallet_sum(posted)
+
+
+def _credit(user: User, since: datetime, until: datetime, lines: list[InvoiceLine]) -> dict[str, Decimal]:
+    """The month's money: the opening balance is what the credit before the month leaves after every earlier
+    invoice (their closing balance), credit added is the month's, and credit covers the charges once any debt
+    carried in is paid (minutes given back count as credit here, never as a charge)."""
+    earlier = Invoice.objects.filter(user=user, month__lt=since.date()).aggregate(total=Sum("total"))["total"]
+    opening = credit_posted(user, since) - (earlier or Decimal(0))
+    added = credit_posted(user, until, since=since)
+    charges = sum((line.amount for line in lines if line.amount > 0), Decimal(0))
+    given_back = -sum((line.amount for line in lines if line.amount < 0), Decimal(0))
+    applied = min(charges, max(Decimal(0), opening + added + given_back))
     return {
         "opening_balance": opening,
         "credit_added": added,
         "credit_applied": applied,
-        "balance_due": total - applied,
+        "balance_due": charges - applied,
     }
 
 
@@ -169,10 +180,13 @@ def month_over(month: date) -> tuple[datetime, datetime]:
 
 
 def issue(user: User, month: date) -> Invoice | None:
-    """Issue a person's invoice for a month that has ended; the one already issued if there is one, None if
-    nothing was charged for the month."""
+    """Issue a person's invoice for a month that has ended (and first those of earlier months that minutes
+    not invoiced yet began in, so months are issued in order); the one already issued if there is one, None
+    if nothing was charged for the month."""
     month = month.replace(day=1)
     since, until = month_over(month)
+    for earlier in _months_owed(user, since):
+        issue(user, earlier)
     for _attempt in range(ISSUE_ATTEMPTS):
         try:
             with transaction.atomic():
@@ -184,39 +198,57 @@ def issue(user: User, month: date) -> Invoice | None:
     raise IntegrityError(f"no invoice number free for user {user.pk} in {ISSUE_ATTEMPTS} attempts")
 
 
+def _months_owed(user: User, since: datetime) -> list[date]:
+    """The months before ``since``, without an invoice yet, from the one its oldest minute not invoiced began in."""
+    owing = Usage.objects.filter(owner=user, started__lt=since, billed_minutes__gt=F("invoiced_minutes"))
+    oldest = min(
+        (u.started + u.invoiced_minutes * MINUTE for u in owing.only("started", "invoiced_minutes")), default=None
+    )
+    if oldest is None or oldest >= since:
+        return []
+    months, month = [], month_of(oldest)
+    while month < since.date():
+        months.append(month)
+        month = (month + timedelta(days=32)).replace(day=1)
+    issued = set(Invoice.objects.filter(user=user, month__in=months).values_list("month", flat=True))
+    return [month for month in months if month not in issued]
+
+
+def month_of(moment: datetime) -> date:
+    return moment.astimezone(UTC).date().replace(day=1)
+
+
 def _issue_once(user: User, month: date, since: datetime, until: datetime) -> Invoice | None:
     number = next_number(Invoice)
     existing = Invoice.objects.filter(user=user, month=month).first()
     if existing is not None:
         return existing
-    lines = _lines(user, since, until)
+    lines = _lines(user, until)
     if not lines:
         return None
-    total = sum((line.amount for line in lines), Decimal(0))
     invoice = Invoice.objects.create(
         number=number,
         user=user,
         month=month,
         currency=settings.CURRENCY,
         minutes=sum(line.minutes for line in lines),
-        total=total,
-        **_credit(user, since, until, total),
+        total=sum((line.amount for line in lines), Decimal(0)),
+        **_credit(user, since, until, lines),
     )
     for line in lines:
         line.invoice = invoice
+        Usage.objects.filter(pk=line.usage_id).update(invoiced_minutes=F("invoiced_minutes") + line.minutes)
     InvoiceLine.objects.bulk_create(lines)
     return invoice
 
 
 def issue_month(month: date) -> list[Invoice]:
-    """Issue the month's invoice of everyone who was charged for it; those already issued stay as they are."""
-    since, until = month_over(month)
-    owners = (
-        Usage.objects.filter(started__lt=until, billed_minutes__gt=0)
-        .exclude(ended__lt=since)
-        .values_list("owner_id", flat=True)
-        .distinct()
-    )
+    """Issue the month's invoice of everyone with charged minutes not invoiced yet that began before its end (or
+    minutes given back since); those already issued stay as they are (and are returned with the new ones)."""
+    _since, until = month_over(month)
+    owing = Usage.objects.filter(started__lt=until).exclude(billed_minutes=F("invoiced_minutes"))
+    owners = set(owing.values_list("owner_id", flat=True).distinct())
+    owners |= set(Invoice.objects.filter(month=month).values_list("user_id", flat=True))
     issued = [issue(user, month) for user in User.objects.filter(pk__in=owners).order_by("pk")]
     return [invoice for invoice in issued if invoice is not None]
 

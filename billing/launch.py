@@ -1,8 +1,12 @@
-"""Cost before launch: billing's answer to the notebook services' pricing seam (sessions/notebooks/pricing.py).
+"""Cost before launch: billing's answer to the notebook services' pricing seam (sessions/notebooks/pricing.py)
+and the workloads' gate (sessions/gpus/workloads.py).
 
 The launch form shows each offer's price per hour, on-demand and spot, and how long the person's balance
-lasts at each; a launch the balance cannot carry for PORTAL_BILLING_MIN_MINUTES is refused before
-anything is allocated. Registered by BillingConfig.ready.
+lasts at each. The gate is asked before any slice goes to any workload (a notebook launch, a render job's
+probe, its further slices, a retry's, a spot hand-over): none goes to someone whose credit ran out (an open
+zero-balance warning), nor one the balance cannot carry for PORTAL_BILLING_MIN_MINUTES together with what
+already runs; and nobody commits to a cost (a render job's whole estimate) the balance does not cover.
+Registered by BillingConfig.ready.
 """
 
 from __future__ import annotations
@@ -11,13 +15,16 @@ from collections.abc import Sequence
 from datetime import timedelta
 from decimal import Decimal
 
+from django.conf import settings
 from django.contrib.auth.models import User
 from django.db.models import Min
 
 from billing import credit, ledger, money, prices
 from billing.models import Market
+from portal.clock import database_now
 from sessions.gpus import catalog
 from sessions.gpus.allocator import SliceRequest
+from sessions.gpus.holders import Holder
 from sessions.gpus.models import Gpu, Slice
 from sessions.notebooks.pricing import OfferPrice, WalletLine
 
@@ -34,7 +41,7 @@ def per_minutes(
     database's clock, the prices in force then, and the share limits of the time-sliced models asked for."""
     if not requests:
         return {}
-    now = prices.database_now()
+    now = database_now()
     wanted = [(request, market) for request in requests for market in markets]
     found = prices.in_force_at([(_key(request, market), now) for request, market in wanted])
     shares = _shares([catalog.resolve(request.model) for request in requests if request.kind == Slice.Kind.SHARED])
@@ -107,12 +114,22 @@ class BillingPricing:
     def per_minute(self, request: SliceRequest, market: str) -> Decimal | None:
         return per_minute(request, market)
 
-    def refusal(self, owner: User, request: SliceRequest, spot: bool) -> str | None:
-        return credit.launch_refusal(owner, per_minute(request, Market.SPOT if spot else Market.ON_DEMAND), spot)
-
     def costs_so_far(self, holdings: Sequence[Slice]) -> dict[int, Decimal]:
         return {slice_id: found.cost for slice_id, found in credit.running_costs(holdings).items()}
 
 
 def _hourly(rate: Decimal | None) -> str:
     return "—" if rate is None else money.shown(rate * money.MINUTES_PER_HOUR)
+
+
+class CreditGate:
+    """Billing's gate for every slice any workload takes, and every cost one commits to."""
+
+    def refusal(self, owner: User, request: SliceRequest, holder: Holder) -> str | None:
+        if settings.BILLING_MIN_MINUTES and credit.open_stop(owner) is not None:  # 0: nothing refused for credit
+            return credit.RAN_OUT
+        spot = request.market == Market.SPOT
+        return credit.launch_refusal(owner, per_minute(request, Market.SPOT if spot else Market.ON_DEMAND), spot)
+
+    def commitment_refusal(self, owner: User, cost: Decimal, what: str) -> str | None:
+        return credit.commitment_refusal(owner, cost, what)

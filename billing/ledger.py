@@ -12,7 +12,7 @@ from decimal import Decimal
 
 from django.contrib.auth.models import User
 from django.core.exceptions import PermissionDenied, ValidationError
-from django.db import transaction
+from django.db import IntegrityError, transaction
 from django.db.models import Sum
 
 from billing import money
@@ -30,24 +30,50 @@ class Unbalanced(ValidationError):
     pass
 
 
+class AlreadyPosted(ValidationError):
+    """A transaction with this one-time key was posted before (a form sent twice): nothing was posted now."""
+
+
 def portal_account(kind: str) -> Account:
     account, _ = Account.objects.get_or_create(kind=kind, user=None)
     return account
 
 
 def wallet(user: User) -> Account:
-    account, _ = Account.objects.get_or_create(kind=Account.Kind.WALLET, user=user)
+    return wallet_of(user.pk)
+
+
+def wallet_of(user_id: int) -> Account:
+    account, _ = Account.objects.get_or_create(kind=Account.Kind.WALLET, user_id=user_id)
     return account
 
 
 def post(
-    kind: str, lines: Sequence[Line], memo: str, user: User | None = None, by: User | None = None
+    kind: str,
+    lines: Sequence[Line],
+    memo: str,
+    user: User | None = None,
+    by: User | None = None,
+    user_id: int | None = None,
+    key: str = "",
 ) -> LedgerTransaction:
-    """Write one balanced transaction; refuses one whose amounts do not sum to zero."""
+    """Write one balanced transaction; refuses one whose amounts do not sum to zero, and one posted with a key
+    (a form's one-time key) already used (``AlreadyPosted``)."""
     if len(lines) < 2 or sum((amount for _, amount in lines), Decimal(0)) != 0:
         raise Unbalanced("A ledger transaction needs two or more entries that sum to zero.", code="unbalanced")
+    owner = user.pk if user is not None else user_id
     with transaction.atomic():
-        posted = LedgerTransaction.objects.create(kind=kind, user=user, memo=memo[:300], created_by=by)
+        try:
+            with transaction.atomic():
+                posted = LedgerTransaction.objects.create(
+                    kind=kind, user_id=owner, memo=memo[:300], created_by=by, key=key[:64]
+                )
+        except IntegrityError:
+            if key and LedgerTransaction.objects.filter(key=key[:64]).exists():
+                raise AlreadyPosted(
+                    "This was already posted: the form was sent twice.", code="already_posted"
+                ) from None
+            raise
         Entry.objects.bulk_create(
             Entry(transaction=posted, account=account, amount=amount) for account, amount in lines
         )
@@ -91,9 +117,10 @@ def parse_credit(value: object) -> Decimal:
 
 
 def grant_credit(
-    user: User, amount: object, by: User, reason: str, kind: str = LedgerTransaction.Kind.GRANT
+    user: User, amount: object, by: User, reason: str, kind: str = LedgerTransaction.Kind.GRANT, key: str = ""
 ) -> LedgerTransaction:
-    """Staff add credit to someone's wallet: promotional (a grant) or paid (a top-up), with who and why."""
+    """Staff add credit to someone's wallet: promotional (a grant) or paid (a top-up), with who and why; ``key``
+    is the form's one-time key (``AlreadyPosted`` when that form was sent before)."""
     _staff_only(by)
     if kind not in CREDIT_SOURCES:
         raise ValidationError("Credit is a grant or a top-up.", code="unknown_kind")
@@ -101,7 +128,7 @@ def grant_credit(
         raise ValidationError("Say why the credit is given.", code="no_reason")
     value = parse_credit(amount)
     source = portal_account(CREDIT_SOURCES[kind])
-    return post(kind, [(source, -value), (wallet(user), value)], memo=reason.strip(), user=user, by=by)
+    return post(kind, [(source, -value), (wallet(user), value)], memo=reason.strip(), user=user, by=by, key=key)
 
 
 def balance(user: User) -> Decimal:

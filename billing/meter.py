@@ -1,17 +1,24 @@
-"""The meter: every started minute of every holding of a slice is charged exactly once.
+"""The meter: every started minute of every holding of a slice is charged exactly once, and a holding pays
+exactly the minutes that began before its end.
 
-A holding runs from ``Slice.held_from`` to ``Slice.held_until`` (its container's start and the moment
-it was gone); a released slice without an end moment ended at its release. Minute k of a holding
-starts k minutes after its start, and is due once it has started: while it runs, by the database's
-clock (never a process's, never by counting ticks); once it has ended, every minute that began before
-the end, and always the first. Each due minute is a ``ChargedMinute`` row, unique per (usage, minute),
-inserted in the same database transaction as the ledger entries that charge it: a tick that dies
-leaves nothing, a tick that runs twice finds nothing left to do, and an outage is caught up by the
-next tick in one go. The same statement adds what it billed to /metrics' totals (``BilledTotal``).
+A holding runs from ``Slice.held_from`` to ``Slice.held_until`` (its container's start and the moment it
+was gone); a released slice without an end moment ended at its release. Minute k of a holding starts k
+minutes after its start. While it runs, a minute is due once it has begun before the holding's last proof
+of life (``Slice.seen_at``: the engine or the worker following it saw the container running then), by the
+database's clock (never a process's, never by counting ticks): a holding nobody can confirm is not charged
+past that proof until it is confirmed again, when the minutes between are caught up. Once it has ended,
+every minute that began before the end is due, and always the first; minutes charged past the end (a proof
+by a clock ahead of the engine's) are given back by a balanced settlement that says why, their rows gone
+with it. Each due minute is a ``ChargedMinute`` row, unique per (usage, minute), inserted in the same
+database transaction as the ledger entries that charge it: a tick that dies leaves nothing, a tick that
+runs twice finds nothing left to do, and an outage is caught up by the next tick in one go. The same
+statement adds what it billed to /metrics' totals (``BilledTotal``). The rate is frozen from the price in
+force when the slice was allocated (what the launch quoted), for the share count frozen then.
 
 PostgreSQL runs it as a constant number of set-based statements, whatever the number of usages, with
 one ledger transaction per person per tick; a second tick meanwhile returns at once (an advisory
-try-lock). SQLite, the zero-config default, runs the same rule as a plain loop.
+try-lock). SQLite, the zero-config default, runs the same rule as a plain loop. Settlements are rare
+(a clock ahead, an end learnt late) and run one usage at a time on both.
 """
 
 from __future__ import annotations
@@ -25,8 +32,10 @@ from decimal import Decimal
 from django.db import connection, transaction
 from django.db.models import F
 
-from billing import money, prices
+from billing import ledger, money, prices
 from billing.models import Account, BilledTotal, ChargedMinute, Entry, LedgerTransaction, Market, Price, Usage
+from portal.clock import database_now
+from sessions.gpus.holders import HolderKind
 from sessions.gpus.models import Gpu, Slice
 
 log = logging.getLogger(__name__)
@@ -56,18 +65,30 @@ class Outcome:
     minutes: int = 0
     transactions: int = 0
     amount: Decimal = Decimal(0)
+    settled: int = 0  # usages charged past their end, settled to it
+    given_back: Decimal = Decimal(0)
 
 
-def minutes_due(started: datetime, ended: datetime | None, now: datetime) -> int:
-    """How many minutes of a holding are due: the rule, in exact integer microseconds (SQL mirrors it)."""
+def minutes_due(started: datetime, ended: datetime | None, now: datetime, seen: datetime | None = None) -> int:
+    """How many minutes of a holding are due: the rule, in exact integer microseconds (SQL mirrors it).
+
+    Ended: every minute begun before the end, at least the first. Running: every minute begun by the
+    database's ``now`` and by the last proof of life ``seen`` (None: none beyond its start)."""
     if ended is not None:
         return max(1, -(-(ended - started) // timedelta(microseconds=1) // 60_000_000))
-    return max(0, (now - started) // MINUTE + 1)
+    proven = min(now, max(seen or started, started))
+    return max(0, (proven - started) // MINUTE + 1)
 
 
 def tick() -> Outcome:
     """Charge every minute that has become due, for every holding; the beat task calls this each minute."""
     return _run(slice_id=None, wait=False)
+
+
+def charge_all() -> Outcome:
+    """``tick``, but waiting for a tick in progress rather than skipping: what must be charged before it goes on
+    (the month's invoices)."""
+    return _run(slice_id=None, wait=True)
 
 
 def charge_holding(slice_id: int) -> Outcome:
@@ -102,7 +123,7 @@ WITH held AS (
     CROSS JOIN LATERAL (
         SELECT s.market AS market,
                CASE WHEN s.kind = 'mig' THEN s.profile ELSE '' END AS profile,
-               CASE WHEN s.kind = 'shared' THEN GREATEST(g.share_limit, 1) ELSE 1 END AS shares,
+               CASE WHEN s.kind = 'shared' THEN GREATEST(s.shares, 1) ELSE 1 END AS shares,
                -- GREATEST skips NULLs in PostgreSQL: a holding with no end must stay without one.
                CASE WHEN COALESCE(s.held_until, s.released_at) IS NOT NULL
                     THEN GREATEST(COALESCE(s.held_until, s.released_at), s.held_from) END AS ended
@@ -110,7 +131,7 @@ WITH held AS (
     JOIN LATERAL (
         SELECT p.id, p.per_hour FROM {price} p
         WHERE p.model_name = g.model_name AND p.kind = s.kind AND p.profile = k.profile AND p.market = k.market
-          AND p.effective_from <= s.held_from
+          AND p.effective_from <= LEAST(s.allocated_at, s.held_from)
         ORDER BY p.effective_from DESC LIMIT 1
     ) p ON true
     WHERE NOT EXISTS (SELECT 1 FROM {usage} u WHERE u.slice_id = s.id)
@@ -135,13 +156,18 @@ ON CONFLICT (kind) WHERE user_id IS NULL DO NOTHING
 """
 
 # Minutes due: the SQL of minutes_due(). The ledger is written from what the minute insert RETURNED,
-# so a minute someone else already charged is never paid twice.
+# so a minute someone else already charged is never paid twice. A usage charged past its end is left to
+# the settlement (``_settle``), whose ids the statement returns.
 CHARGE = """
 WITH due AS (
     SELECT u.id, u.owner_id, u.market, u.per_minute, u.billed_minutes AS first, e.ended, s.gpu_id, s.kind,
            GREATEST(u.billed_minutes, CASE
                WHEN e.ended IS NOT NULL THEN GREATEST(1, CEIL(EXTRACT(EPOCH FROM e.ended - u.started) / 60))
-               ELSE FLOOR(EXTRACT(EPOCH FROM now() - u.started) / 60) + 1 END)::integer AS upto
+               ELSE FLOOR(EXTRACT(EPOCH FROM
+                   LEAST(now(), GREATEST(COALESCE(s.seen_at, u.started), u.started)) - u.started) / 60) + 1
+               END)::integer AS upto,
+           e.ended IS NOT NULL
+               AND GREATEST(1, CEIL(EXTRACT(EPOCH FROM e.ended - u.started) / 60)) < u.billed_minutes AS over
     FROM {usage} u
     JOIN {slice} s ON s.id = u.slice_id
     CROSS JOIN LATERAL (
@@ -187,11 +213,12 @@ WITH due AS (
     DO UPDATE SET minutes = t.minutes + EXCLUDED.minutes, amount = t.amount + EXCLUDED.amount
 ), moved AS (
     UPDATE {usage} u SET billed_minutes = d.upto, ended = d.ended, open = d.ended IS NULL
-    FROM due d WHERE u.id = d.id AND (d.upto > d.first OR d.ended IS NOT NULL)
+    FROM due d WHERE u.id = d.id AND NOT d.over AND (d.upto > d.first OR d.ended IS NOT NULL)
     RETURNING u.id
 )
 SELECT (SELECT count(*) FROM charged), (SELECT count(*) FROM txn),
-       (SELECT COALESCE(SUM(amount), 0) FROM posted WHERE amount > 0), (SELECT count(*) FROM moved)
+       (SELECT COALESCE(SUM(amount), 0) FROM posted WHERE amount > 0), (SELECT count(*) FROM moved),
+       (SELECT COALESCE(array_agg(id ORDER BY id), '{{}}') FROM due WHERE over)
 """
 
 
@@ -216,25 +243,38 @@ def _run_sql(slice_id: int | None, wait: bool) -> Outcome:
         opened = cursor.fetchone()[0]
         cursor.execute(PORTAL_ACCOUNTS_SQL.format(**T), [[str(kind) for kind in PORTAL_ACCOUNTS]])
         cursor.execute(CHARGE.format(**T, usage_filter="AND u.slice_id = %s" if slice_id is not None else ""), one)
-        minutes, transactions, amount, _ = cursor.fetchone()
-    return Outcome(usages_opened=opened, minutes=minutes, transactions=transactions, amount=Decimal(amount))
+        minutes, transactions, amount, _, over = cursor.fetchone()
+    settled = [_settle(usage_id) for usage_id in over]
+    return Outcome(
+        usages_opened=opened,
+        minutes=minutes,
+        transactions=transactions,
+        amount=Decimal(amount),
+        settled=len(settled),
+        given_back=sum(settled, Decimal(0)),
+    )
 
 
 # SQLite: the same rule, one usage at a time; its writes are serialised by the database file's lock.
 
 
 def _run_python(slice_id: int | None) -> Outcome:
-    now = prices.database_now()
+    now = database_now()
     opened = _open_usages(slice_id)
     usages = Usage.objects.filter(open=True).select_related("slice__gpu").order_by("id")
     if slice_id is not None:
         usages = usages.filter(slice_id=slice_id)
     owed: dict[int, list[tuple[Usage, int]]] = defaultdict(list)
     billed: dict[tuple[str, str, str], tuple[int, Decimal]] = defaultdict(lambda: (0, Decimal(0)))
+    over: list[int] = []
     for usage in usages:
         if usage.ended is None and (usage.slice.held_until or usage.slice.released_at):
             usage.ended = max(usage.slice.held_until or usage.slice.released_at, usage.started)  # type: ignore[type-var]
-        upto = max(usage.billed_minutes, minutes_due(usage.started, usage.ended, now))
+        due = minutes_due(usage.started, usage.ended, now, usage.slice.seen_at)
+        if usage.ended is not None and due < usage.billed_minutes:
+            over.append(usage.pk)
+            continue
+        upto = max(usage.billed_minutes, due)
         owed[usage.owner_id].append((usage, upto))
         key, more = (usage.slice.gpu.model_name, usage.slice.kind, usage.market), upto - usage.billed_minutes
         billed[key] = (billed[key][0] + more, billed[key][1] + more * usage.per_minute)
@@ -244,7 +284,15 @@ def _run_python(slice_id: int | None) -> Outcome:
         if charged:
             minutes, transactions, amount = minutes + charged[0], transactions + 1, amount + charged[1]
     _add_to_totals(billed)
-    return Outcome(usages_opened=opened, minutes=minutes, transactions=transactions, amount=amount)
+    settled = [_settle(usage_id) for usage_id in over]
+    return Outcome(
+        usages_opened=opened,
+        minutes=minutes,
+        transactions=transactions,
+        amount=amount,
+        settled=len(settled),
+        given_back=sum(settled, Decimal(0)),
+    )
 
 
 def _add_to_totals(billed: dict[tuple[str, str, str], tuple[int, Decimal]]) -> None:
@@ -253,6 +301,13 @@ def _add_to_totals(billed: dict[tuple[str, str, str], tuple[int, Decimal]]) -> N
         if minutes:
             found, _ = BilledTotal.objects.get_or_create(model_name=model_name, kind=kind, market=market)
             BilledTotal.objects.filter(pk=found.pk).update(minutes=F("minutes") + minutes, amount=F("amount") + amount)
+
+
+def quoted_at(held: Slice) -> datetime:
+    """The moment whose price a holding pays: its allocation's, what the launch quoted (its start, if a clock
+    behind put that first); the meter's SQL says the same."""
+    assert held.held_from is not None
+    return min(held.allocated_at, held.held_from)
 
 
 def _open_usages(slice_id: int | None) -> int:
@@ -266,11 +321,11 @@ def _open_usages(slice_id: int | None) -> int:
             Slice.objects.filter(pk=found.pk).update(metered=True)
             continue
         market = prices.market_of(found)
-        price = prices.in_force(prices.key_of(found, market), found.held_from)
+        price = prices.in_force(prices.key_of(found, market), quoted_at(found))
         if price is None:
             log.warning("slice %s has no price for its holding; it is not billed until one is added", found.pk)
             continue
-        shares = max(found.gpu.share_limit, 1) if found.kind == Slice.Kind.SHARED else 1
+        shares = max(found.shares, 1) if found.kind == Slice.Kind.SHARED else 1
         end = found.held_until or found.released_at
         Usage.objects.create(
             slice=found,
@@ -335,3 +390,45 @@ def _post_entries(posted: LedgerTransaction, owner_id: int, by_market: dict[str,
             Entry(transaction=posted, account=revenue, amount=amount),
         ]
     Entry.objects.bulk_create(entries)
+
+
+# Settling a usage charged past its end: rare, one usage at a time on both databases.
+
+
+def _settle(usage_id: int) -> Decimal:
+    """A usage whose end is now known was charged for minutes that began after it (a proof of life by a clock
+    ahead of the engine's, an end learnt late): those minutes are given back by one balanced settlement that
+    says why, their rows removed with it, /metrics' totals taken down and the usage closed at its end.
+    Returns the amount given back. Runs inside the meter's transaction and lock."""
+    usage = Usage.objects.select_related("slice__gpu").get(pk=usage_id)
+    end = usage.ended or usage.slice.held_until or usage.slice.released_at
+    assert end is not None, "only an ended usage is settled"
+    end = max(end, usage.started)
+    owed = minutes_due(usage.started, end, end)
+    extra = ChargedMinute.objects.filter(usage=usage, minute__gte=owed)
+    count = extra.count()
+    amount = usage.per_minute * count
+    if count:
+        revenue = Account.Kind.REVENUE_SPOT if usage.market == Market.SPOT else Account.Kind.REVENUE_ON_DEMAND
+        ledger.post(
+            LedgerTransaction.Kind.SETTLEMENT,
+            [(ledger.wallet_of(usage.owner_id), amount), (ledger.portal_account(revenue), -amount)],
+            memo=settlement_memo(usage, count, end),
+            user_id=usage.owner_id,
+        )
+        extra.delete()
+        key = {"model_name": usage.slice.gpu.model_name, "kind": usage.slice.kind, "market": usage.market}
+        BilledTotal.objects.filter(**key).update(minutes=F("minutes") - count, amount=F("amount") - amount)
+    Usage.objects.filter(pk=usage.pk).update(billed_minutes=owed, ended=end, open=False)
+    log.info("usage %s was charged %s minute(s) past its end at %s; given back %s", usage.pk, count, end, amount)
+    return amount
+
+
+def settlement_memo(usage: Usage, count: int, end: datetime) -> str:
+    """Why the money came back, in the words its owner reads on the billing page."""
+    holder = f"{HolderKind(usage.holder_kind).label} #{usage.holder_id}" if usage.holder_kind else "a slice"
+    minutes = "minute" if count == 1 else "minutes"
+    return (
+        f"{count} {minutes} charged after {holder} ended at {end:%Y-%m-%d %H:%M:%S} UTC given back: "
+        "a holding pays only the minutes that began before its end."
+    )

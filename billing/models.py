@@ -108,6 +108,9 @@ class Usage(models.Model):
     started = models.DateTimeField(help_text="The slice's held_from.")
     ended = models.DateTimeField(null=True, blank=True, help_text="The slice's held_until (or its release).")
     billed_minutes = models.PositiveIntegerField(default=0, help_text="Minutes 0 .. this - 1 are charged.")
+    invoiced_minutes = models.PositiveIntegerField(
+        default=0, db_default=0, help_text="Minutes 0 .. this - 1 are on issued invoices (net of minutes given back)."
+    )
     open = models.BooleanField(default=True, help_text="Until it has ended and is charged to its end.")
     folded = models.BooleanField(
         default=False, db_default=False, help_text="Its minute rows were folded into daily rows (billing/rollup.py)."
@@ -193,6 +196,7 @@ class LedgerTransaction(models.Model):
         GRANT = "grant", "Promotional credit"
         TOP_UP = "top_up", "Top-up"
         REVERSAL = "reversal", "Reversal"
+        SETTLEMENT = "settlement", "Minutes past a holding's end given back"
 
     kind = models.CharField(max_length=10, choices=Kind.choices)
     posted_at = models.DateTimeField(default=timezone.now)
@@ -204,10 +208,18 @@ class LedgerTransaction(models.Model):
         settings.AUTH_USER_MODEL, on_delete=models.PROTECT, null=True, blank=True, related_name="+"
     )
     reverses = models.OneToOneField("self", on_delete=models.PROTECT, null=True, blank=True, related_name="reversed_by")
+    key = models.CharField(
+        max_length=64,
+        blank=True,
+        default="",
+        db_default="",
+        help_text="The form's one-time key it was posted with: a form sent twice posts once.",
+    )
 
     class Meta:
         ordering = ["-posted_at", "-id"]
         indexes = [models.Index(fields=["user", "posted_at"], name="ledger_txn_user_idx")]
+        constraints = [models.UniqueConstraint(fields=["key"], condition=~Q(key=""), name="ledger_txn_key_once")]
 
     def __str__(self) -> str:
         return f"{self.get_kind_display()} #{self.pk} at {self.posted_at}"
@@ -377,7 +389,7 @@ class Invoice(Issued):
     month = models.DateField(help_text="The first day of the (UTC) month.")
     issued_at = models.DateTimeField(default=timezone.now)
     currency = models.CharField(max_length=8)
-    minutes = models.PositiveIntegerField()
+    minutes = models.IntegerField(help_text="Its lines' minutes: those charged, less those given back.")
     total = models.DecimalField(max_digits=18, decimal_places=money.AMOUNT_PLACES)
     opening_balance = models.DecimalField(max_digits=18, decimal_places=money.AMOUNT_PLACES)
     credit_added = models.DecimalField(max_digits=18, decimal_places=money.AMOUNT_PLACES)
@@ -397,7 +409,9 @@ class Invoice(Issued):
 
 
 class InvoiceLine(Issued):
-    """One usage's minutes that began in the invoice's month, at its frozen rate."""
+    """One usage's charged minutes not on an earlier invoice that began before the end of the invoice's month
+    (its own, or an earlier one's charged late), at its frozen rate; or, with negative minutes, minutes an
+    earlier invoice listed that were given back (charged past the holding's end)."""
 
     invoice = models.ForeignKey(Invoice, on_delete=models.PROTECT, related_name="lines")
     usage = models.ForeignKey(Usage, on_delete=models.PROTECT, related_name="invoice_lines")
@@ -410,7 +424,7 @@ class InvoiceLine(Issued):
     started = models.DateTimeField()
     ended = models.DateTimeField(null=True, blank=True)
     first_minute = models.PositiveIntegerField()
-    minutes = models.PositiveIntegerField()
+    minutes = models.IntegerField(help_text="Negative: minutes an earlier invoice listed, given back.")
     per_minute = models.DecimalField(max_digits=14, decimal_places=money.AMOUNT_PLACES)
     amount = models.DecimalField(max_digits=18, decimal_places=money.AMOUNT_PLACES)
 

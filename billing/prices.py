@@ -20,6 +20,7 @@ from django.db.models import Q, QuerySet
 
 from billing import money
 from billing.models import Market, Price
+from portal.clock import database_now
 from sessions.gpus import catalog
 from sessions.gpus.models import Slice
 
@@ -77,18 +78,6 @@ def current() -> list[Price]:
     return sorted(newest.values(), key=lambda p: (p.model_name, p.kind != "whole", p.kind, p.per_hour, p.market))
 
 
-def database_now() -> datetime:
-    """The database's clock: what the meter charges by, whatever this process's clock says."""
-    with connection.cursor() as cursor:
-        if connection.vendor == "postgresql":
-            cursor.execute("SELECT now()")
-            moment: datetime = cursor.fetchone()[0]
-            return moment
-        cursor.execute("SELECT strftime('%Y-%m-%d %H:%M:%f', 'now')")
-        text = cursor.fetchone()[0]
-    return datetime.fromisoformat(f"{text}+00:00")
-
-
 def parse_per_hour(value: object) -> Decimal:
     """An hourly price from a form or a caller: a number, not negative, at most four decimals."""
     try:
@@ -137,18 +126,16 @@ def add_price(key: PriceKey, per_hour: object, effective_from: datetime, by: Use
 
 
 def check_moment(key: PriceKey, effective_from: datetime) -> None:
-    """Refuse a moment a price of this key already starts at, and a moment in the past when a holding of this
-    key began since then (up to the next price) or is starting now: its frozen rate would no longer be the
-    one the history says held."""
+    """Refuse a moment a price of this key already starts at, and a moment in the past when a slice of this
+    key was allocated since then (up to the next price): its frozen rate would no longer be the one quoted."""
     if _of(key).filter(effective_from=effective_from).exists():
         raise ValidationError("A price of this kind already starts at that moment.", code="duplicate")
     if effective_from < database_now():
         repriced = _holdings_repriced(key, effective_from)
         if repriced:
             raise ValidationError(
-                f"{repriced} holding(s) of this kind began since {effective_from:%Y-%m-%d %H:%M} UTC or are"
-                " starting, and run or were billed at the price then in force; a new price can only apply from"
-                " now on.",
+                f"{repriced} slice(s) of this kind were allocated since {effective_from:%Y-%m-%d %H:%M} UTC, and"
+                " run or were billed at the price then in force; a new price can only apply from now on.",
                 code="reprices",
             )
 
@@ -161,14 +148,13 @@ def _lock_key(key: PriceKey) -> None:
 
 
 def _holdings_repriced(key: PriceKey, since: datetime) -> int:
-    """Holdings of the key begun since ``since`` (before the next price), and those starting: a container
-    may have begun before its start is recorded, at a moment the new price would cover."""
+    """Holdings of the key allocated since ``since`` (before the next price): each pays the price in force at
+    its allocation, what its launch quoted (``meter.quoted_at``), so a new price from ``since`` would reprice them."""
     later = _of(key).filter(effective_from__gt=since).order_by("effective_from").first()
-    begun = Q(held_from__gte=since)
+    quoted = Q(allocated_at__gte=since) & (Q(held_from__isnull=True) | Q(held_from__gte=since))
     if later is not None:
-        begun &= Q(held_from__lt=later.effective_from)
-    starting = Q(held_from__isnull=True, released_at__isnull=True)
-    held = Slice.objects.filter(begun | starting, gpu__model_name=key.model_name, kind=key.kind)
+        quoted &= Q(allocated_at__lt=later.effective_from) | Q(held_from__lt=later.effective_from)
+    held = Slice.objects.filter(quoted, gpu__model_name=key.model_name, kind=key.kind)
     if key.kind == Slice.Kind.MIG:
         held = held.filter(profile=key.profile)
     return held.filter(market=Slice.Market.SPOT if key.market == Market.SPOT else Slice.Market.ON_DEMAND).count()

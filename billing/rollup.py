@@ -20,7 +20,7 @@ from django.db import transaction
 from django.db.models import Q, Sum
 
 from billing.models import ChargedMinute, Usage, UsageDay
-from billing.prices import database_now
+from portal.clock import database_now
 
 BATCH = 500  # usages per transaction: at most a day of minutes each, so a few hundred thousand rows
 MINUTE = timedelta(minutes=1)

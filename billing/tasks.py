@@ -1,7 +1,7 @@
 """Celery tasks of billing: thin, id-taking, idempotent; each calls the meter.
 
-``charge_accrued`` runs from beat every minute (portal/celery.py); the notebook services enqueue
-``charge_holding`` by its name (``services.CHARGE_HOLDING``) once a holding has ended, so its last,
+``charge_accrued`` runs from beat every minute (portal/celery.py); the end of every holding
+(``sessions.gpus.holdings.end``) enqueues ``charge_holding`` by its name once a holding has ended, so its last,
 partial minute is charged at once rather than at the next tick. ``check_credit`` runs from beat too:
 budget alerts and the zero-balance warning and stop.
 """
@@ -11,7 +11,7 @@ from __future__ import annotations
 from celery import shared_task
 
 from billing import credit, group_invoices, invoices, meter, rollup
-from sessions.notebooks.services import CHARGE_HOLDING
+from sessions.gpus.holdings import CHARGE_HOLDING
 
 
 def _summary(outcome: meter.Outcome) -> dict[str, object]:
@@ -56,9 +56,9 @@ def fold_minutes() -> dict[str, object]:
 
 @shared_task
 def issue_invoices() -> dict[str, object]:
-    """On the 1st (UTC): last month's invoices, after a tick charges any minute of it still due; a rerun
-    finds them issued and changes nothing."""
-    meter.tick()
+    """On the 1st (UTC): last month's invoices, after the meter has charged every minute of it that is due
+    (waiting for a tick in progress, never skipping it); a rerun finds them issued and changes nothing."""
+    meter.charge_all()
     month = invoices.last_month()
     issued = invoices.issue_month(month)
     return {"month": f"{month:%Y-%m}", "invoices": [invoice.number for invoice in issued]}
@@ -68,7 +68,7 @@ def issue_invoices() -> dict[str, object]:
 def issue_group_invoices() -> dict[str, object]:
     """On the 1st (UTC), after ``issue_invoices``: last month's invoice of each billed group (issuing any
     member's own invoice still missing); a rerun finds them issued and changes nothing."""
-    meter.tick()
+    meter.charge_all()
     month = invoices.last_month()
     issued = group_invoices.issue_month(month)
     return {"month": f"{month:%Y-%m}", "group_invoices": [invoice.number for invoice in issued]}

@@ -14,6 +14,7 @@ from billing import prices
 from billing.forms import PriceForm
 from billing.models import Price
 from portal.access import staff_required
+from portal.clock import database_now
 from portal.http import PortalRequest
 
 PRICES = "billing/prices.html"
@@ -48,7 +49,7 @@ def _add(request: PortalRequest, form: PriceForm) -> Price | None:
     assert isinstance(by, User)
     try:
         return prices.add_price(
-            key, data["per_hour"], data["effective_from"] or prices.database_now(), by=by, source=data["source"]
+            key, data["per_hour"], data["effective_from"] or database_now(), by=by, source=data["source"]
         )
     except ValidationError as error:
         field = "per_hour" if error.code in ("negative", "too_many_decimals", "not_a_number", "absurd") else None

@@ -6,3 +6,12 @@ class GpuSessionsConfig(AppConfig):
     label = "gpu_sessions"
     verbose_name = "GPU sessions"
     default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        # Each kind of workload registers the verbs the rest of the portal acts on it with (sessions/gpus/workloads.py).
+        from sessions.gpus import workloads
+        from sessions.notebooks.workload import Notebooks
+        from sessions.render.workload import RenderJobs
+
+        workloads.register(Notebooks())
+        workloads.register(RenderJobs())

@@ -24,7 +24,6 @@ import logging
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
-from datetime import datetime
 from functools import cache
 from typing import Any
 
@@ -32,10 +31,9 @@ from django.conf import settings
 from django.contrib.auth.models import User
 from django.db import connection, transaction
 from django.db.models import Count, Exists, F, OuterRef, QuerySet
-from django.db.models.functions import Greatest
 from django.utils import timezone
 
-from sessions.gpus import catalog, demand, placement, statements
+from sessions.gpus import catalog, demand, placement, statements, workloads
 from sessions.gpus.backends import BackendError, backend_for_host
 from sessions.gpus.backends.base import FoundInstance
 from sessions.gpus.catalog import GpuModel, Profile
@@ -79,16 +77,29 @@ class ReleaseRefused(Exception):
 def allocate(owner: User, request: SliceRequest, holder: Holder | None = None, rule: Rule | None = None) -> Slice:
     """A slice for ``owner``, inside the caller's transaction (or one of its own).
 
-    ``rule`` places MIG instances; by default ours, weighed by the demand each model has seen.
+    For a workload (``holder``) only once the gate lets it start: AllocationRefused with code ``credit`` says
+    why not. ``rule`` places MIG instances; by default ours, weighed by the demand each model has seen.
     """
     request = _checked(request)
     with _transaction():
+        if holder is not None:
+            _gate(owner, request, holder)
         limit, held, groups = _first_look(owner, request)
         if held >= limit:
             raise AllocationRefused(f"You already hold {limit} slice(s), your limit; stop one first.", code="quota")
         if request.kind == Slice.Kind.MIG:
             return _allocate_mig(owner, request, holder, rule or _learned_rule, groups)
         return _allocate_gpu(owner, request, holder)
+
+
+def _gate(owner: User, request: SliceRequest, holder: Holder) -> None:
+    """A workload's slice only if whoever bills lets it start (``workloads.gate``), asked under the owner's row
+    lock (taken before any pool's turn, the order of every allocation), so two allocations of one person's at
+    once never both spend the same credit."""
+    User.objects.select_for_update().filter(pk=owner.pk).first()
+    refusal = workloads.gate().refusal(owner, request, holder)
+    if refusal:
+        raise AllocationRefused(refusal, code="credit")
 
 
 def _learned_rule(
@@ -459,6 +470,8 @@ def _allocate_gpu(owner: User, request: SliceRequest, holder: Holder | None) -> 
     gpu.active_slices += 1
     gpu.save(update_fields=["active_slices"])
     taken = _slice(owner, request, gpu.pk, holder, gpu.uuid, gpu.catalog_model.compute_slices or 1, gpu.memory_gib)
+    if request.kind == Slice.Kind.SHARED:
+        taken.shares = max(gpu.share_limit, 1)  # frozen: the rate a share pays does not move with the setting
     taken.save(force_insert=True)
     return taken
 
@@ -540,20 +553,6 @@ def _refuse_release(slice_id: int) -> None:
     if not Slice.objects.filter(pk=slice_id).exists():
         raise ReleaseRefused(f"There is no slice {slice_id}.")
     raise ReleaseRefused("This slice was already released.")
-
-
-def holding_started(slice_id: int, since: datetime | None) -> None:
-    """Record when the slice's holder began running on it (its container's start); the first moment stands."""
-    Slice.objects.filter(pk=slice_id, held_from__isnull=True).update(held_from=since)
-
-
-def holding_ended(slice_id: int, since: datetime | None, until: datetime | None) -> None:
-    """Record when its holder stopped running on it (its container gone), with the start if none was recorded
-    (a report of the start that never came); never before the start, and the first end recorded stands."""
-    if since is None or until is None:
-        return
-    holding_started(slice_id, since)
-    Slice.objects.filter(pk=slice_id, held_until__isnull=True).update(held_until=Greatest(until, F("held_from")))
 
 
 def reclaimable(request: SliceRequest) -> Slice | None:

@@ -173,6 +173,9 @@ class Slice(models.Model):
     placement_size = models.PositiveSmallIntegerField(null=True, blank=True)
     compute_slices = models.PositiveSmallIntegerField(default=0)
     memory_gib = models.FloatField(default=0)
+    shares = models.PositiveSmallIntegerField(
+        default=1, db_default=1, help_text="N of a time-sliced GPU, frozen at allocation (each share pays 1/N); else 1."
+    )
     device_uuid = models.CharField(max_length=64, help_text="What the container receives as NVIDIA_VISIBLE_DEVICES.")
     owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="slices")
     holder_kind = models.CharField(max_length=16, choices=HolderKind.choices, blank=True)
@@ -182,6 +185,12 @@ class Slice(models.Model):
     )
     held_until = models.DateTimeField(
         null=True, blank=True, help_text="When its holder stopped running on it: the moment its container was gone."
+    )
+    seen_at = models.DateTimeField(
+        null=True,
+        blank=True,
+        help_text="The last proof of life of its holder's container (the database's clock): the engine or the "
+        "worker following it saw it running then. An open holding is charged only up to this moment.",
     )
     allocated_at = models.DateTimeField()
     released_at = models.DateTimeField(null=True, blank=True)

@@ -29,7 +29,10 @@ from sessions.runtime.times import engine_time
 
 log = logging.getLogger(__name__)
 EVENTS = {"progress", "container_started", "ready", "stopped", "failed"}
-CLOCK_SLACK = timedelta(seconds=5)  # the engine and the portal share a host's clock, or nearly
+# An engine whose clock runs minutes ahead of the portal's still reports real moments: refusing them would lose
+# the start and leave the session unbilled (the meter charges nothing before a moment its clock reaches). A day
+# ahead is no engine's clock.
+CLOCK_SLACK = timedelta(days=1)
 
 
 def _from_hub(request: HttpRequest) -> bool:
@@ -98,7 +101,7 @@ def event(request: HttpRequest) -> HttpResponse:
 
 
 def _moment(given: object) -> datetime | None:
-    """The engine's time of a container moment (RFC 3339, as Docker writes it); never in the future."""
+    """The engine's time of a container moment (RFC 3339, as Docker writes it); never a day ahead."""
     if given in (None, ""):
         return None
     try:

@@ -19,13 +19,13 @@ from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
 from portal import push
+from sessions.gpus import workloads
+from sessions.gpus.holders import Holder
 from sessions.metrics.history import last_busy_minutes
 from sessions.notebooks.hub import Hub, HubError
 from sessions.notebooks.models import NotebookSession
-from sessions.notebooks.services import stop_session
 
 log = logging.getLogger(__name__)
-Reason = NotebookSession.EndReason
 
 
 def idle_timeout(session: NotebookSession) -> timedelta:
@@ -59,10 +59,10 @@ def _judge(session: NotebookSession, last: datetime, now: datetime) -> str | Non
     age_limit = (session.ready_at or session.requested_at) + timedelta(hours=settings.MAX_SESSION_HOURS)
     idle_limit = last + idle_timeout(session)
     if now >= age_limit:
-        stop_session(session.pk, by=None, reason=Reason.MAX_AGE)
+        workloads.stop(Holder.notebook(session.pk), workloads.Reason.MAX_AGE)
         return "stopped"
     if not session.idle_exempt and now >= idle_limit:
-        stop_session(session.pk, by=None, reason=Reason.IDLE)
+        workloads.stop(Holder.notebook(session.pk), workloads.Reason.IDLE)
         return "stopped"
     deadlines = [(age_limit, "it reaches the maximum age")]
     if not session.idle_exempt:

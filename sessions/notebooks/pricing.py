@@ -1,4 +1,5 @@
-"""The seam through which whoever bills launches prices the offers and may refuse a launch.
+"""The seam through which whoever bills launches prices the offers (who may start what is the workloads' gate,
+sessions/gpus/workloads.py).
 
 Sessions never import billing (billing imports sessions); billing's AppConfig.ready registers its
 ``Pricing`` here. Without one registered, launches are free and never refused for money, and the
@@ -47,10 +48,6 @@ class Pricing(Protocol):
         (render jobs' estimates and their cost so far)."""
         ...
 
-    def refusal(self, owner: User, request: SliceRequest, spot: bool) -> str | None:
-        """Why this launch may not start for money reasons, in words; None if it may."""
-        ...
-
     def costs_so_far(self, holdings: Sequence[Slice]) -> dict[int, Decimal]:
         """What each begun holding (by slice id, its GPU loaded) has cost so far: each started minute at the
         rate the meter freezes on it, by the database's clock, as the meter charges it. Holdings no price
@@ -66,9 +63,6 @@ class Unpriced:
         return None
 
     def per_minute(self, request: SliceRequest, market: str) -> Decimal | None:
-        return None
-
-    def refusal(self, owner: User, request: SliceRequest, spot: bool) -> str | None:
         return None
 
     def costs_so_far(self, holdings: Sequence[Slice]) -> dict[int, Decimal]:

@@ -1,7 +1,12 @@
 """Repairing drift between the portal's sessions, the hub's servers and Docker's containers.
 
 The portal's rows are the truth about money and slices, Docker's containers
-the truth about what runs. A session whose container died or was removed by
+the truth about what runs. Each container seen running is a proof of life of
+its session's holding (the database's moment read before the look), which is
+what the meter charges up to: while the engine cannot be reached, nothing is
+proven and nothing more is charged, until a later look confirms the container
+again. A start the spawner's report never brought is recorded from the
+engine's own StartedAt. A session whose container died or was removed by
 hand ends (its slice freed, the moment recorded); a container or slice that
 belongs to no running session is cleaned up. A start whose task was lost (a
 broker that did not answer) is sent again, and a stop the hub did not take is
@@ -17,14 +22,23 @@ from django.conf import settings
 from django.utils import timezone
 from kombu.exceptions import OperationalError as BrokerError
 
+from portal.clock import database_now
+from sessions.gpus import holdings
 from sessions.gpus.allocator import ReleaseRefused, release
 from sessions.gpus.backends import BackendError
 from sessions.gpus.holders import HolderKind
 from sessions.gpus.models import Slice
 from sessions.notebooks.hub import Hub, HubError
 from sessions.notebooks.models import NotebookSession
-from sessions.notebooks.services import ContainerEnd, ask_hub_to_stop, container_ended, fail, send_start_again
-from sessions.runtime.docker import DockerRuntime
+from sessions.notebooks.services import (
+    ContainerEnd,
+    ask_hub_to_stop,
+    container_ended,
+    fail,
+    record_event,
+    send_start_again,
+)
+from sessions.runtime.docker import ContainerState, DockerRuntime, RuntimeError_
 from sessions.runtime.isolation import repair
 
 log = logging.getLogger(__name__)
@@ -46,14 +60,29 @@ State = NotebookSession.State
 
 
 def reconcile(runtime: DockerRuntime | None = None) -> dict[str, int]:
-    runtime = runtime or DockerRuntime()
     counts = {"ended": 0, "failed": 0, "starts_sent": 0, "stops_sent": 0, "containers_removed": 0, "slices_released": 0}
+    proof = database_now()  # before the look: a container seen running after it ran at this moment
+    try:
+        runtime = runtime or DockerRuntime()
+        counts["confirmed"] = _follow(runtime, proof, counts)
+    except (RuntimeError_, OSError) as error:  # the engine does not answer: nothing is confirmed, nothing charged
+        log.error("the Docker engine cannot be reached; no session is confirmed running: %s", error)
+        counts["engine_unreachable"] = 1
+        return counts
+    counts["slices_released"] = _release_orphan_slices()
+    return counts
+
+
+def _follow(runtime: DockerRuntime, proof: datetime, counts: dict[str, int]) -> int:
+    """Check every active session against its container, and every container against its session; returns
+    how many holdings were confirmed running (their proof of life moved to ``proof``)."""
     # First, since a container must never run unfenced: a Docker restart or an operator may flush rules.
     counts["firewall_repaired"] = int(repair(runtime=runtime))
     active = NotebookSession.objects.filter(state__in=[State.STARTING, State.RUNNING, State.STOPPING])
+    running: list[int] = []
     for session in active.select_related("slice", "owner"):
         try:
-            outcome = _check(session, runtime)
+            outcome = _check(session, runtime, running)
         except BackendError as error:  # its slice could not be freed: try again next time, go on with the rest
             log.error("session %s: could not end it: %s", session.pk, error)
             outcome = "errors"
@@ -63,12 +92,16 @@ def reconcile(runtime: DockerRuntime | None = None) -> dict[str, int]:
             log.warning("removing container %s of ended session %s", container_id[:12], session_id)
             runtime.remove(container_id)
             counts["containers_removed"] += 1
-    counts["slices_released"] = _release_orphan_slices()
-    return counts
+    return holdings.seen(running, at=proof)
 
 
-def _check(session: NotebookSession, runtime: DockerRuntime) -> str:
+def _check(session: NotebookSession, runtime: DockerRuntime, running: list[int] | None = None) -> str:
+    """Compare one session with its container; ``running`` gathers the slices of those seen running."""
     found = runtime.container_state(session.pk)
+    if found is not None and session.container_started_at is None and found.started_at is not None:
+        _started_unreported(session, found)
+    if found is not None and found.running and session.slice_id and running is not None:
+        running.append(session.slice_id)
     if session.state == State.STARTING:
         return "ok" if found is not None else _check_start(session)
     if found is not None and found.running:
@@ -76,6 +109,14 @@ def _check(session: NotebookSession, runtime: DockerRuntime) -> str:
     end = ContainerEnd() if found is None else ContainerEnd(found.finished_at, found.exit_code, found.oom_killed)
     container_ended(session.pk, end)
     return "ended"
+
+
+def _started_unreported(session: NotebookSession, found: ContainerState) -> None:
+    """The spawner's report of the start never reached the portal (sent once, lost): the engine's StartedAt is
+    recorded instead, so the session is charged from its container's start like any other."""
+    log.warning("session %s: its container's start was never reported; recorded from the engine", session.pk)
+    record_event(session.pk, "container_started", at=found.started_at)
+    session.refresh_from_db()
 
 
 def _check_start(session: NotebookSession) -> str:

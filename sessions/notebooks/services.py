@@ -20,16 +20,11 @@ from portal import push
 from portal.celery import send, send_on_commit
 from portal.roles import can_launch, launch_refusal
 from sessions import access
-from sessions.gpus.allocator import (
-    AllocationRefused,
-    SliceRequest,
-    allocate,
-    holding_ended,
-    holding_started,
-)
+from sessions.gpus import holdings
+from sessions.gpus.allocator import AllocationRefused, SliceRequest, allocate
 from sessions.gpus.holders import Holder
 from sessions.gpus.models import Slice
-from sessions.notebooks import pricing, spot
+from sessions.notebooks import spot
 from sessions.notebooks.hub import Hub, HubError, HubUnavailable
 from sessions.notebooks.models import NotebookImage, NotebookSession
 from sessions.runtime.docker import DockerRuntime, RuntimeError_
@@ -41,9 +36,6 @@ MAX_RETRY_PAUSE_S = 30
 # The Celery task that asks the hub (sessions.notebooks.tasks registers it under this name): enqueued by
 # name, because the tasks module imports this one.
 START_NOTEBOOK = "sessions.notebooks.tasks.start_notebook"
-# Billing's task that charges a holding to its end (billing.tasks registers it under this name): billing
-# may import sessions, never the reverse, so it is enqueued by name.
-CHARGE_HOLDING = "billing.tasks.charge_holding"
 SIGKILL_EXIT = 137
 # What owners read when something went wrong: words, never an exception's text (that goes to failure_detail).
 WAITING_FOR_HUB = "Waiting for the notebook service to answer"
@@ -83,7 +75,8 @@ def start_session(owner: User, launch: Launch) -> NotebookSession:
     """Allocate a slice and record the session; the hub is asked to start it after commit.
 
     An on-demand launch that finds no room may wait for a spot slice instead (``spot.wait_for_spot``):
-    it is recorded allocating, and gets the slice when the spot session is gone.
+    it is recorded allocating, and gets the slice when the spot session is gone. One whose credit does not
+    carry it is refused by the allocation's gate (``sessions.gpus.workloads``), under the owner's lock.
     """
     if not can_launch(owner):
         raise LaunchRefused(launch_refusal(), code="role")
@@ -95,10 +88,6 @@ def start_session(owner: User, launch: Launch) -> NotebookSession:
     with transaction.atomic():
         User.objects.select_for_update().filter(pk=owner.pk).first()
         _check_session_limits(owner, launch.server_name)
-        # Under the owner's lock: two launches at once cannot both spend the same credit.
-        refusal = pricing.current().refusal(owner, launch.request, launch.spot)
-        if refusal:
-            raise LaunchRefused(refusal, code="credit")
         session = NotebookSession.objects.create(
             owner=owner,
             server_name=launch.server_name,
@@ -230,7 +219,7 @@ def record_event(
             session.progress = min(95, session.progress + 20)
         elif event == "container_started":
             if session.stamp("container_started_at", at) and session.slice_id:
-                holding_started(session.slice_id, session.container_started_at)
+                holdings.started(session.slice_id, session.container_started_at)
             session.container_id = container_id[:80] or session.container_id
         elif event == "ready" and session.state == State.STARTING:
             session.stamp("ready_at")
@@ -383,13 +372,10 @@ def _died_at(session: NotebookSession) -> datetime | None:
     try:
         return DockerRuntime().died_at(session.pk, since=session.container_started_at)
     except RuntimeError_ as error:
-        log.warning("session %s: the end moment falls back to now: %s", session.pk, error)
+        log.warning(
+            "session %s: the engine cannot say when it ended; it ends at its last proof of life: %s", session.pk, error
+        )
         return None
-
-
-def _charge_to_the_end(slice_id: int) -> None:
-    """Have billing charge the ended holding's last minute now; if this is lost, the next tick does it."""
-    send_on_commit(CHARGE_HOLDING, slice_id)
 
 
 def _forget_server(session_id: int) -> None:
@@ -406,11 +392,12 @@ def _end(
     if session.state in NotebookSession.ENDED:
         return session
     if session.container_started_at:
-        gone_at = gone_at or _died_at(session) or timezone.now()
+        gone_at = gone_at or _died_at(session) or _last_proof(session)
         session.stamp("container_gone_at", max(gone_at, session.container_started_at))
         if session.slice_id:
-            holding_ended(session.slice_id, session.container_started_at, session.container_gone_at)
-            _charge_to_the_end(session.slice_id)
+            holdings.end(
+                session.slice_id, session.container_gone_at, "", since=session.container_started_at, release=False
+            )
     session.ended_reason = session.ended_reason or reason or NotebookSession.EndReason.RECONCILIATION
     session.state = State.FAILED if failed else State.STOPPED
     if session.ended_reason == NotebookSession.EndReason.PREEMPTED and not failed:
@@ -423,6 +410,15 @@ def _end(
         if handed is not None:
             _take_over(handed)
     return session
+
+
+def _last_proof(session: NotebookSession) -> datetime:
+    """An end the engine cannot tell (the container and its events are gone): the last moment it was known to
+    run, never the moment the portal noticed, so nobody pays for time nobody can prove."""
+    taken = Slice.objects.filter(pk=session.slice_id).first() if session.slice_id else None
+    proof = holdings.last_proof(taken) if taken is not None else None
+    assert session.container_started_at is not None
+    return proof or session.container_started_at
 
 
 def _take_over(handed: spot.HandOver) -> None:

@@ -52,6 +52,9 @@ class PortalSpawner(DockerSpawner):
     portal_token = Unicode("", help="The token shared with the portal (its hub service token).").tag(config=True)
     ready_poll_interval = Float(0.05, help="Seconds between checks that JupyterLab answers.").tag(config=True)
     docker_threads = Integer(16, help="Threads for Docker calls, shared by all launches.").tag(config=True)
+    report_patience = Float(
+        60.0, help="Seconds a report to the portal is tried again while the portal does not answer."
+    ).tag(config=True)
 
     _pool: ThreadPoolExecutor | None = None
     session_id = 0
@@ -118,13 +121,28 @@ class PortalSpawner(DockerSpawner):
         self._last_report = asyncio.ensure_future(send())
 
     async def _report(self, event: str, session_id: int, **body: Any) -> None:
-        try:
-            report = {"session": session_id, "user": self.user.name, "event": event, **body}
-            response = await self._portal("POST", "events", json=report)
-            if response.status_code != 200:
-                self.log.warning("portal refused event %s: %s", event, response.text[:200])
-        except requests.RequestException as error:
-            self.log.warning("could not report %s to the portal: %s", event, error)
+        """Send one report; a portal that does not answer (or answers 5xx) is asked again with a growing pause,
+        for ``report_patience`` seconds. A start that is lost all the same is read back from the engine by the
+        portal's reconciliation, so no session runs unbilled; a refusal (4xx) is final."""
+        report = {"session": session_id, "user": self.user.name, "event": event, **body}
+        pause, deadline = 0.5, time.monotonic() + self.report_patience
+        while True:
+            try:
+                response = await self._portal("POST", "events", json=report)
+            except requests.RequestException as error:
+                why = str(error)
+            else:
+                if response.status_code < 500:
+                    if response.status_code != 200:
+                        self.log.warning("portal refused event %s: %s", event, response.text[:200])
+                    return
+                why = f"{response.status_code} {response.text[:200]}"
+            if time.monotonic() + pause > deadline:
+                self.log.warning("could not report %s to the portal, giving up: %s", event, why)
+                return
+            self.log.info("could not report %s to the portal (%s); trying again in %s s", event, why, pause)
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, 10.0)
 
     async def _fetch_spec(self) -> dict[str, Any]:
         params = {"user": self.user.name, "server": self.name}

@@ -19,13 +19,15 @@ from portal.access import staff_required
 from portal.http import PortalRequest
 from portal.roles import can_launch, launch_refusal
 from sessions import access
+from sessions.gpus import workloads
+from sessions.gpus.holders import Holder
 from sessions.metrics.agent import latest_frames
 from sessions.metrics.frames import device_utilisation
 from sessions.notebooks import pricing
 from sessions.notebooks.forms import LaunchForm
 from sessions.notebooks.models import NotebookSession
 from sessions.notebooks.offers import offers, request_for
-from sessions.notebooks.services import Launch, LaunchRefused, start_session, stop_session
+from sessions.notebooks.services import Launch, LaunchRefused, start_session
 
 PAGE = "sessions/session_list.html"
 EVERYONE = "sessions/all_sessions.html"
@@ -88,7 +90,7 @@ def stop(request: PortalRequest, session_id: int) -> HttpResponse:
     """Its owner, or an operator from the all-sessions page, stops a session; anyone else gets a 404."""
     session = access.session_for(request.user, session_id, access.Action.STOP)
     assert isinstance(request.user, User)
-    stop_session(session.pk, by=request.user)
+    workloads.stop(Holder.notebook(session.pk), workloads.Reason.USER, by=request.user)  # an operator's: STAFF
     mine = session.owner_id == request.user.pk
     messages.info(request, f"Stopping {session.server_name}" + ("." if mine else f" of {session.owner}."))
     from_everyone = request.POST.get("back") == "all"  # the all-sessions page's form says so

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path, PurePosixPath
@@ -22,7 +23,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from sessions.gpus.allocator import holding_started
+from sessions.gpus import holdings
 from sessions.gpus.holders import Holder
 from sessions.gpus.models import Slice
 from sessions.render import containers, files, progress, thumbnails
@@ -30,7 +31,6 @@ from sessions.render.models import RenderChunk, RenderFrame, RenderJob
 from sessions.render.services import (
     RUNNING,
     another_slice,
-    end_holding,
     estimate_of,
     held_by,
     locked,
@@ -40,6 +40,7 @@ from sessions.render.services import (
 )
 from sessions.render.thumbnails import make_thumbnail
 from sessions.runtime import blender
+from sessions.runtime.blender_log import Event
 from sessions.runtime.docker import RuntimeError_
 from sessions.runtime.render import RENDER_IMAGE, render
 from sessions.runtime.slices import spec_for
@@ -108,7 +109,7 @@ def _let_go(job_id: int, slice_id: int, last_end: datetime | None, reason: str) 
     """Release the slice, its holding ending with its last container."""
     taken = Slice.objects.get(pk=slice_id)
     if taken.released_at is None:
-        end_holding(slice_id, taken.held_from, last_end, reason)
+        holdings.end(slice_id, last_end, reason)
         progress.announce(RenderJob.objects.get(pk=job_id))
 
 
@@ -166,6 +167,7 @@ def _run(claim: Claim) -> datetime | None:
     )
     watched = containers.Watched(may_start=lambda: _may_render(job.pk, chunk.pk, taken.pk))
     watched.on_started = lambda at: _started(job.pk, chunk.pk, taken.pk, watched, at)
+    alive = holdings.Heartbeat(taken.pk)  # each line Blender prints shows its container runs: the meter's proof
     limit = settings.RENDER_MAX_OUTPUT_BYTES
     outcome = Outcome(None, "", {})
     try:
@@ -177,7 +179,7 @@ def _run(claim: Claim) -> datetime | None:
             tuple(chunk.frames),
             how,
             wall_time_s=settings.RENDER_CHUNK_WALL_SECONDS,
-            on_line=run.line,
+            on_line=_and(alive, run.line),
             output_limit=limit,
         )
         for frame, path in result.saved.items():
@@ -190,9 +192,21 @@ def _run(claim: Claim) -> datetime | None:
             outcome = Outcome(_too_much_output(limit), outcome.excerpt, outcome.live, final=True)
     except (RuntimeError_, FileNotFoundError, ValueError) as error:
         outcome = Outcome(str(error), "", run.live())
+    if watched.finished_at is not None:
+        holdings.seen([taken.pk], at=watched.finished_at)  # it ran until then, whatever it printed last
     if _chunk_ended(job.pk, chunk.pk, taken.pk, outcome) in (ChunkState.PENDING, ChunkState.FAILED):
         _keep_only_frames(job, output)  # the attempt failed: what it wrote besides its frames is of no use
     return watched.finished_at
+
+
+def _and(first: Callable[..., None], then: Callable[[str, Event | None], None]) -> Callable[[str, Event | None], None]:
+    """Both callbacks for each line."""
+
+    def both(text: str, event: Event | None) -> None:
+        first()
+        then(text, event)
+
+    return both
 
 
 def _may_render(job_id: int, chunk_id: int, slice_id: int) -> bool:
@@ -215,7 +229,7 @@ def _started(job_id: int, chunk_id: int, slice_id: int, watched: containers.Watc
     and its charges ended with it. Either way a cancel is final."""
     with transaction.atomic():
         if _may_render(job_id, chunk_id, slice_id):
-            holding_started(slice_id, at or timezone.now())
+            holdings.started(slice_id, at or timezone.now())
             return
     if watched.container_id is not None:
         log.info("render job %s: chunk %s's container started after its end; killed", job_id, chunk_id)

@@ -1,10 +1,10 @@
 """The render jobs' containers as Docker sees them: when each one started and ended, and stopping a job's.
 
 Billing charges a slice from its holder's first container start to its last container's end, as the engine
-recorded them (``holding_started`` / ``holding_ended``); ``Watched`` hears those moments from the sandbox
-runner's own calls, and asks, between a container's create and its start, whether it may still start at
-all (its job may have been cancelled meanwhile). Containers are found by the labels every render container
-carries: its job, and its chunk where it renders one.
+recorded them (``sessions.gpus.holdings``); ``Watched`` hears those moments from the sandbox runner's own
+calls, and asks, between a container's create and its start, whether it may still start at all (its job may
+have been cancelled meanwhile). Containers are found by the labels every render container carries: its job,
+and its chunk where it renders one.
 """
 
 from __future__ import annotations

@@ -1,11 +1,14 @@
 """Render work after a crash: the render worker's restart, and reconciliation every half minute.
 
 At its start the render worker finds the chunks it was rendering (their workers died with it): their
-containers are stopped and the chunks wait again, without losing an attempt, and each job gets workers for
-its slices again. Reconciliation frees what a crashed job left: slices a finished (or vanished) job still
-holds, containers of jobs that ended, chunks whose container is gone; seeks slices for jobs that wait, and
-workers for slices nobody works on; and
-sends the estimate again where its task was lost (a broker that did not answer the upload).
+containers are stopped and the chunks wait again, without losing an attempt; the slices those workers held
+are released, each holding ending at its last proof of life (the last line its worker read), so nobody pays
+for the time a dead worker held them, and each job is given slices and workers again. Reconciliation frees
+what a crashed job left: slices a finished (or vanished) job still holds, containers of jobs that ended,
+chunks whose container is gone (their slice released at its last proof of life); seeks slices for jobs that
+wait, releases slices nobody has worked on for a while (their worker died between chunks) and sends workers
+to slices never started; and sends the estimate again where its task was lost (a broker that did not answer
+the upload).
 As with notebooks (sessions/notebooks/reconcile.py), safe to run at any time.
 """
 
@@ -18,6 +21,7 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
+from sessions.gpus import holdings
 from sessions.gpus.holders import HolderKind
 from sessions.gpus.models import Slice
 from sessions.render import containers, progress, services
@@ -50,10 +54,11 @@ def put_back(chunk_id: int, count_attempt: bool) -> bool:
 
 
 def recover_after_restart(runtime: DockerRuntime | None = None) -> dict[str, int]:
-    """The render worker has just started, so none of its workers runs: every rendering chunk was cut off.
+    """The render worker has just started, so none of its workers runs: every rendering chunk was cut off, and
+    every slice a render job holds was held by a worker that is gone.
     (One render worker per portal: the supervisor's `render` program.)"""
     runtime = runtime or DockerRuntime()
-    counts = {"chunks_put_back": 0, "probes_restarted": 0, "workers_sent": 0}
+    counts = {"chunks_put_back": 0, "probes_restarted": 0, "workers_sent": 0, "slices_released": 0}
     for chunk in RenderChunk.objects.filter(state=ChunkState.RENDERING):
         containers.stop(runtime, containers.of_chunk(runtime, chunk.pk))
         for container_id in containers.of_chunk(runtime, chunk.pk):
@@ -63,17 +68,20 @@ def recover_after_restart(runtime: DockerRuntime | None = None) -> dict[str, int
         _restart_probe(runtime, job.pk)
         counts["probes_restarted"] += 1
     for job_id in RenderJob.objects.filter(state__in=services.RUNNING).values_list("pk", flat=True):
+        for taken in services.held_by(job_id):
+            holdings.end(taken.pk, None, "its render worker stopped")  # at its last proof of life
+            counts["slices_released"] += 1
         counts["workers_sent"] += services.dispatch(job_id)
     return counts
 
 
 def _restart_probe(runtime: DockerRuntime, job_id: int) -> None:
     found = containers.of_job(runtime, job_id)
-    ended = containers.stop(runtime, found)
+    containers.stop(runtime, found)
     for container_id in found:
         runtime.remove(container_id)
     for taken in services.held_by(job_id):
-        services.end_holding(taken.pk, taken.held_from, ended, "render probe cut off")
+        holdings.end(taken.pk, None, "render probe cut off")  # at its last proof of life, not the stop
     services.send_estimate(job_id)
 
 
@@ -93,8 +101,11 @@ def reconcile(runtime: DockerRuntime | None = None) -> dict[str, int]:
 
 def _wants_workers(job_id: int) -> bool:
     """A job whose chunks wait and that holds no slice, or holds one nobody has worked on for a while: its
-    worker's task was lost (the broker did not take it just after the slice was allocated). A worker sent to a
-    slice another one works on finds it busy and returns, so sending one too many costs nothing."""
+    worker's task was lost (the broker did not take it just after the slice was allocated), or its worker died
+    between chunks. A slice whose holding began is released first, its holding ending at its last proof of
+    life (the time nobody worked on it is not charged), and dispatch then allocates afresh; one never started
+    gets a worker. A worker sent to a slice another one works on finds it busy and returns, so sending one too
+    many costs nothing."""
     held = services.held_by(job_id)
     if not held:
         return True
@@ -103,7 +114,11 @@ def _wants_workers(job_id: int) -> bool:
     busy = set(
         chunks.filter(Q(state=ChunkState.RENDERING) | Q(finished_at__gte=since)).values_list("slice_id", flat=True)
     )
-    return any(taken.pk not in busy and taken.allocated_at < since for taken in held)
+    idle = [taken for taken in held if taken.pk not in busy and taken.allocated_at < since]
+    for taken in idle:
+        if taken.held_from is not None:
+            holdings.end(taken.pk, None, "nobody worked on it: its render worker stopped")
+    return bool(idle)
 
 
 def _send_lost_estimates() -> int:
@@ -137,7 +152,7 @@ def _release_leftover_slices(runtime: DockerRuntime) -> int:
         found = containers.of_job(runtime, taken.holder_id)
         ended = containers.stop(runtime, found)
         try:
-            services.end_holding(taken.pk, taken.held_from, ended, "its render job had ended")
+            holdings.end(taken.pk, ended, "its render job had ended")
         except Exception as error:  # one slice that cannot be freed must not stop the rest
             log.error("slice %s: could not release it: %s", taken.pk, error)
             continue
@@ -172,6 +187,8 @@ def _put_back_lost_chunks(runtime: DockerRuntime) -> int:
             runtime.remove(container_id)
         if put_back(chunk.pk, count_attempt=True):
             lost += 1
+            if chunk.slice_id is not None:  # its worker died: the slice's holding ends at its last proof of life
+                holdings.end(chunk.slice_id, None, "its render worker stopped")
             progress.announce(chunk.job)
             services.dispatch(chunk.job_id)
     return lost

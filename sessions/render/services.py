@@ -17,6 +17,7 @@ import logging
 import math
 from dataclasses import asdict, dataclass
 from datetime import datetime
+from decimal import Decimal
 
 from django.conf import settings
 from django.contrib.auth.models import User
@@ -25,15 +26,9 @@ from django.db import transaction
 from django.utils import timezone
 
 from portal.celery import send, send_on_commit
-from sessions.gpus import catalog
-from sessions.gpus.allocator import (
-    AllocationRefused,
-    SliceRequest,
-    allocate,
-    holding_ended,
-    holding_started,
-    release,
-)
+from portal.roles import can_launch, launch_refusal
+from sessions.gpus import catalog, holdings, workloads
+from sessions.gpus.allocator import AllocationRefused, SliceRequest, allocate
 from sessions.gpus.holders import Holder
 from sessions.gpus.models import Slice
 from sessions.notebooks import pricing
@@ -52,8 +47,6 @@ FrameState = RenderFrame.State
 ESTIMATE_JOB = "sessions.render.tasks.estimate_job"
 DISPATCH_JOB = "sessions.render.tasks.dispatch_job"
 WORK_ON_SLICE = "sessions.render.tasks.work_on_slice"
-# Billing's task that charges a holding to its end, by name: sessions never import billing.
-CHARGE_HOLDING = "billing.tasks.charge_holding"
 RUNNING = (State.QUEUED, State.RENDERING)
 ESTIMATE_FILE = "estimate.json"
 FORMATS_KEY = "render:formats"  # what the last probe's Blender said it writes; the upload form offers those
@@ -229,7 +222,7 @@ def _probe(job: RenderJob, taken: Slice, watched: containers.Watched) -> Probe |
 def _probe_started(job_id: int, slice_id: int, watched: containers.Watched, at: datetime | None) -> None:
     """The probe's container started: its slice is held from then. If the job was cancelled meanwhile, the
     container is stopped here: the cancel may have looked for the job's containers before this one existed."""
-    holding_started(slice_id, at)
+    holdings.started(slice_id, at)
     if watched.container_id and not RenderJob.objects.filter(pk=job_id, state=State.ESTIMATING).exists():
         watched.kill(watched.container_id)
 
@@ -250,7 +243,7 @@ def _estimated(
     with transaction.atomic():
         job = locked(job_id)
         if slice_id is not None and watched is not None:
-            end_holding(slice_id, watched.started_at, watched.finished_at, "render probe done")
+            holdings.end(slice_id, watched.finished_at, "render probe done", since=watched.started_at)
         if job.state != State.ESTIMATING or found is None:  # cancelled meanwhile, or cut off
             return job
         if isinstance(found, Exception):
@@ -285,14 +278,43 @@ def _probe_failure(error: Exception) -> str:
     return f"The probe could not run: {error}"
 
 
-def _write_estimate(job: RenderJob, found: Probe) -> None:
-    chunks = math.ceil(job.frame_count / max(1, job.chunk_size))
+@dataclass(frozen=True)
+class Span:
+    """How rendering some frames of a job goes by its estimate: its chunks, the slices it holds at once, and how
+    long each slice renders (its chunks one after another)."""
+
+    chunks: int
+    slices: int
+    seconds: float
+
+
+def span(job: RenderJob, frames: int, per_frame: float, overhead_s: float) -> Span:
+    chunks = math.ceil(frames / max(1, job.chunk_size))
     slices = max(1, min(job.max_slices, chunks))
-    per_frame = found.seconds_at(job.samples)
-    per_chunk = job.chunk_size * per_frame + found.overhead_s
-    total = math.ceil(chunks / slices) * per_chunk
+    per_chunk = job.chunk_size * per_frame + overhead_s
+    return Span(chunks, slices, math.ceil(chunks / slices) * per_chunk)
+
+
+def cost_of(job: RenderJob, spent: Span) -> Decimal | None:
+    """What a span costs at the offer's rate now: every slice, each of its started minutes; None without a price."""
     rate = pricing.current().per_minute(job.request, job.market)
-    cost = None if rate is None else rate * slices * max(1, math.ceil(total / 60))
+    return None if rate is None else rate * spent.slices * max(1, math.ceil(spent.seconds / 60))
+
+
+def commitment(job: RenderJob, frames: int) -> Decimal | None:
+    """What rendering ``frames`` of the job comes to by its estimate (None without one, or without a price): what
+    its owner commits to by confirming it or queueing frames again."""
+    found = estimate_of(job)
+    if found is None:
+        return None
+    return cost_of(job, span(job, frames, found.seconds_per_frame, found.overhead_s))
+
+
+def _write_estimate(job: RenderJob, found: Probe) -> None:
+    per_frame = found.seconds_at(job.samples)
+    spent = span(job, job.frame_count, per_frame, found.overhead_s)
+    chunks, slices, total = spent.chunks, spent.slices, spent.seconds
+    cost = cost_of(job, spent)
     estimate = Estimate(
         facts={**asdict(found.facts), "version": list(found.facts.version)},
         device=found.result.device or "CPU",
@@ -340,15 +362,26 @@ def confirm(job_id: int, by: User) -> RenderJob:
         job = locked(job_id)
         if job.state != State.AWAITING_CONFIRMATION:
             raise Refused(f"A job that is {job.get_state_display().lower()} cannot be confirmed.")
-        refusal = pricing.current().refusal(job.owner, job.request, job.spot)
-        if refusal:
-            raise Refused(refusal)
+        _may_commit(job, job.frame_count, "this render job's estimate")
         job.save(update_fields=job.move(State.QUEUED))
         RenderFrame.objects.bulk_create([RenderFrame(job=job, number=number) for number in job.frames])
         _add_chunks(job, list(job.frames), first_index=0)
         send_on_commit(DISPATCH_JOB, job_id)
         progress.announce(job)
     return job
+
+
+def _may_commit(job: RenderJob, frames: int, what: str) -> None:
+    """Refused unless its owner may still launch (their role) and whoever bills lets them commit to what the
+    frames come to by the estimate (``workloads.gate``: the whole of it, every slice it may hold), under the
+    owner's row lock, so two confirmations at once never both spend the same credit."""
+    if not can_launch(job.owner):
+        raise Refused(launch_refusal())
+    User.objects.select_for_update().filter(pk=job.owner_id).first()
+    cost = commitment(job, frames)
+    refusal = workloads.gate().commitment_refusal(job.owner, cost, what) if cost is not None else None
+    if refusal:
+        raise Refused(refusal)
 
 
 def _add_chunks(job: RenderJob, frames: list[int], first_index: int) -> None:
@@ -373,6 +406,7 @@ def requeue_failed(job_id: int) -> RenderJob:
         missing = list(job.frame_results.exclude(state=FrameState.DONE).values_list("number", flat=True))
         if not missing:
             raise Refused("Every frame of this job is done.")
+        _may_commit(job, len(missing), f"rendering its {len(missing)} frames that are not done")
         job.save(update_fields=job.move(State.QUEUED))
         job.frame_results.filter(number__in=missing).update(state=FrameState.PENDING)
         last = job.chunks.order_by("-index").values_list("index", flat=True).first()
@@ -392,21 +426,23 @@ def held_by(job_id: int) -> list[Slice]:
 def dispatch(job_id: int) -> int:
     """Give a queued or rendering job up to ``max_slices`` slices while chunks wait, and a worker to each of
     its slices that has none; returns how many workers were sent. No slice free: it waits (reconciliation
-    tries again)."""
-    job = RenderJob.objects.select_related("owner").get(pk=job_id)
-    if job.state not in RUNNING:
-        return 0
-    waiting = job.chunks.filter(state=ChunkState.PENDING).count()
-    held = held_by(job_id)
-    rendering = set(job.chunks.filter(state=ChunkState.RENDERING).values_list("slice_id", flat=True))
-    idle = [taken for taken in held if taken.pk not in rendering]
-    wanted = min(job.max_slices, len(held) - len(idle) + waiting)
-    for _ in range(max(0, wanted - len(held))):
-        try:
-            idle.append(allocate(job.owner, job.request, holder=Holder.render(job_id)))
-        except AllocationRefused as refused:
-            log.info("render job %s waits for a slice: %s", job_id, refused.reason)
-            break
+    tries again). Under the job's row lock, so two dispatches at once (the confirm's task and reconciliation)
+    take turns and never give it more than ``max_slices``."""
+    with transaction.atomic():
+        job = RenderJob.objects.select_for_update().select_related("owner").get(pk=job_id)
+        if job.state not in RUNNING:
+            return 0
+        waiting = job.chunks.filter(state=ChunkState.PENDING).count()
+        held = held_by(job_id)
+        rendering = set(job.chunks.filter(state=ChunkState.RENDERING).values_list("slice_id", flat=True))
+        idle = [taken for taken in held if taken.pk not in rendering]
+        wanted = min(job.max_slices, len(held) - len(idle) + waiting)
+        for _ in range(max(0, wanted - len(held))):
+            try:
+                idle.append(allocate(job.owner, job.request, holder=Holder.render(job_id)))
+            except AllocationRefused as refused:
+                log.info("render job %s waits for a slice: %s", job_id, refused.reason)
+                break
     for taken in idle:
         send(WORK_ON_SLICE, job_id, taken.pk)
     return len(idle)
@@ -423,19 +459,6 @@ def another_slice(job: RenderJob) -> Slice | None:
         return None
 
 
-def end_holding(slice_id: int, since: datetime | None, until: datetime | None, reason: str) -> None:
-    """Record the end of a slice's holding (its last container's end; now if the engine did not say) and
-    release it; billing then charges the holding to its end. A slice already released is left as it is."""
-    with transaction.atomic():
-        taken = Slice.objects.select_for_update().get(pk=slice_id)
-        since = taken.held_from or since
-        if since is not None:
-            holding_ended(slice_id, since, until or timezone.now())
-            send_on_commit(CHARGE_HOLDING, slice_id)  # lost, the next tick charges it
-        if taken.released_at is None:  # locked: no other release gets between
-            release(slice_id, reason=reason)
-
-
 def stop_job(job: RenderJob) -> None:
     """The job ended: its waiting chunks never run, its running ones are stopped once this commits (their
     workers then release their slices)."""
@@ -450,7 +473,7 @@ def _stop_and_release(job_id: int, reason: str) -> None:
     runtime = DockerRuntime()
     ended = containers.stop(runtime, containers.of_job(runtime, job_id))
     for taken in held_by(job_id):
-        end_holding(taken.pk, taken.held_from, ended, reason)
+        holdings.end(taken.pk, ended, reason)
 
 
 # Cancel ---------------------------------------------------------------------------------------------------
@@ -475,6 +498,35 @@ def cancel(job_id: int) -> RenderJob:
             stop_job(job)
         else:
             transaction.on_commit(lambda: _stop_probe(job_id), robust=True)
+        progress.announce(job)
+    return job
+
+
+STOPPED_FOR = {
+    "credit": "Stopped: your credit ran out. Once it is topped up, queue the frames that are not done again.",
+    "preempted": "Stopped: its spot slices were reclaimed for an on-demand launch. Queue the frames that are not done"
+    " again to go on.",
+    "staff": "Stopped by an operator. Queue the frames that are not done again to go on.",
+}
+
+
+def stop_for(job_id: int, reason: str) -> RenderJob:
+    """Stop a job for a reason that is not its owner's (credit ran out, its spot slices were reclaimed): it fails
+    saying why, so its frames that are not done can be queued again, and its containers stop and its slices are
+    released once this commits (each holding charged to its container's end). One estimating fails the same
+    way (nothing of it rendered yet: its scene is uploaded again). One that holds nothing yet is left as it is."""
+    message = STOPPED_FOR.get(reason, f"Stopped: {reason}.")
+    with transaction.atomic():
+        job = locked(job_id)
+        if job.state not in (State.ESTIMATING, *RUNNING):
+            return job
+        estimating = job.state == State.ESTIMATING
+        job.save(update_fields=job.move(State.FAILED, message))
+        if estimating:
+            transaction.on_commit(lambda: _stop_probe(job_id), robust=True)
+        else:
+            job.chunks.filter(state=ChunkState.RENDERING).update(state=ChunkState.CANCELLED, finished_at=timezone.now())
+            stop_job(job)
         progress.announce(job)
     return job
 

@@ -18,8 +18,9 @@ from django.db.models import F, Sum
 
 from billing import seeds
 from billing.models import Entry, Price, Usage
-from billing.prices import database_now
-from sessions.gpus.allocator import SliceRequest, allocate, holding_ended, holding_started
+from portal.clock import database_now
+from sessions.gpus import holdings
+from sessions.gpus.allocator import SliceRequest, allocate
 from sessions.gpus.holders import Holder
 from sessions.gpus.models import Gpu, Slice
 from tests.gpus.conftest import use_fleet
@@ -39,31 +40,38 @@ def fleet(db: None, settings) -> list[Gpu]:  # type: ignore[no-untyped-def]
 
 @pytest.fixture
 def hold(fleet: list[Gpu]) -> Hold:
-    """A slice held by ``owner`` since ``ago`` before the database's now (and until ``lasted`` after that)."""
+    """A slice held by ``owner`` since ``ago`` before the database's now (and until ``lasted`` after that),
+    its container seen running now, as reconciliation would see it."""
     holder_ids = iter(range(1000, 100_000))
 
     def make(owner: User, ago: timedelta, request: SliceRequest = A100, lasted: timedelta | None = None) -> Slice:
         held = allocate(owner, request, holder=Holder.notebook(next(holder_ids)))
         start = database_now() - ago
-        holding_started(held.pk, start)
+        holdings.started(held.pk, start)
         if lasted is not None:
-            holding_ended(held.pk, start, start + lasted)
+            holdings.ended(held.pk, start, start + lasted)
+        holdings.seen([held.pk])
         held.refresh_from_db()
         return held
 
     return make
 
 
-def clock_moves_on(minutes: float) -> None:
+def clock_moves_on(minutes: float, seen: bool = True) -> None:
     """``minutes`` pass, as the meter sees it: every recorded moment lies that much further back (the
-    holdings', the releases' and the prices staff added)."""
+    allocations', the holdings', their proofs of life, the releases' and the prices staff added). ``seen``: the running
+    holdings' containers were seen running all along (reconciliation's look now); else nobody could look."""
     step = timedelta(minutes=minutes)
     Slice.objects.filter(held_from__isnull=False).update(held_from=F("held_from") - step)
+    Slice.objects.filter(seen_at__isnull=False).update(seen_at=F("seen_at") - step)
+    Slice.objects.update(allocated_at=F("allocated_at") - step)
     Slice.objects.filter(held_until__isnull=False).update(held_until=F("held_until") - step)
     Slice.objects.filter(released_at__isnull=False).update(released_at=F("released_at") - step)
     Price.objects.filter(created_by__isnull=False).update(effective_from=F("effective_from") - step)
     Usage.objects.update(started=F("started") - step)
     Usage.objects.filter(ended__isnull=False).update(ended=F("ended") - step)
+    if seen:
+        holdings.seen(Slice.objects.values_list("pk", flat=True))
 
 
 def end_holding(held: Slice, after: timedelta) -> datetime:
@@ -71,7 +79,7 @@ def end_holding(held: Slice, after: timedelta) -> datetime:
     held.refresh_from_db()
     assert held.held_from is not None
     until = held.held_from + after
-    holding_ended(held.pk, held.held_from, until)
+    holdings.ended(held.pk, held.held_from, until)
     return until
 
 

@@ -14,8 +14,8 @@ from django.urls import reverse
 
 from billing import ledger, meter, money
 from billing.launch import BillingPricing
-from billing.prices import database_now
-from sessions.gpus.allocator import holding_started
+from portal.clock import database_now
+from sessions.gpus import holdings
 from sessions.notebooks.models import NotebookImage, NotebookSession
 from sessions.notebooks.offers import offers
 from tests.billing.conftest import A100
@@ -50,7 +50,7 @@ def sessions_of_alice(fleet: object, alice: User) -> Callable[[int], list[Notebo
         for index in range(count):
             session = running_session(alice, image, A100, f"lab-{index}")
             assert session.slice_id is not None
-            holding_started(session.slice_id, database_now() - timedelta(minutes=index + 1))
+            holdings.started(session.slice_id, database_now() - timedelta(minutes=index + 1))
             found.append(session)
             if index == count // 2 - 1:
                 meter.tick()

@@ -3,6 +3,7 @@ the credit cannot carry is refused before anything is allocated, and the zero-ba
 
 from __future__ import annotations
 
+import re
 from datetime import timedelta
 from decimal import Decimal
 
@@ -14,7 +15,7 @@ from django.utils import timezone
 
 from billing import credit, ledger, meter, money
 from billing.models import CreditStop, LedgerTransaction
-from sessions.gpus.allocator import holding_started
+from sessions.gpus import holdings
 from sessions.gpus.models import Slice
 from sessions.notebooks.models import NotebookImage, NotebookSession
 from sessions.notebooks.services import ContainerEnd, Launch, LaunchRefused, record_event, start_session
@@ -39,7 +40,7 @@ def client_of(user: User) -> Client:
 
 
 def test_staff_add_credit_with_a_reason_and_the_page_says_who_when_and_why(alice: User, staff: User) -> None:
-    form = {"username": "alice", "amount": "25.50", "kind": "top_up", "reason": "invoice 2026-114"}
+    form = {"username": "alice", "amount": "25.50", "kind": "top_up", "reason": "invoice 2026-114", "key": "k1"}
     answer = client_of(staff).post(CREDIT, form)
     assert answer.status_code == 302
     assert ledger.balance(alice) == Decimal("25.50")
@@ -63,15 +64,16 @@ def test_staff_add_credit_with_a_reason_and_the_page_says_who_when_and_why(alice
 def test_bad_top_ups_are_refused_in_words_and_nothing_is_posted(
     alice: User, staff: User, amount: str, words: str
 ) -> None:
-    form = {"username": "alice", "amount": amount, "kind": "top_up", "reason": "typo"}
+    form = {"username": "alice", "amount": amount, "kind": "top_up", "reason": "typo", "key": "k2"}
     answer = client_of(staff).post(CREDIT, form)
     assert answer.status_code == 400 and words in answer.content.decode()
     assert not LedgerTransaction.objects.exists()
 
 
 def test_credit_without_a_reason_or_for_nobody_is_refused(alice: User, staff: User) -> None:
-    no_reason = client_of(staff).post(CREDIT, {"username": "alice", "amount": "5", "kind": "grant", "reason": " "})
-    nobody = client_of(staff).post(CREDIT, {"username": "zed", "amount": "5", "kind": "grant", "reason": "hi"})
+    blank = {"username": "alice", "amount": "5", "kind": "grant", "reason": " ", "key": "k3"}
+    no_one = {"username": "zed", "amount": "5", "kind": "grant", "reason": "hi", "key": "k4"}
+    no_reason, nobody = client_of(staff).post(CREDIT, blank), client_of(staff).post(CREDIT, no_one)
     assert no_reason.status_code == 400 and nobody.status_code == 400
     assert "Nobody has that user name" in nobody.content.decode()
     assert not LedgerTransaction.objects.exists()
@@ -127,7 +129,7 @@ def test_the_minimum_counts_what_already_runs(
     settings.BILLING_MIN_MINUTES = 10
     ledger.grant_credit(alice, "2.00", by=staff, reason="trial")
     hold(alice, timedelta(seconds=10))  # an A100 burning already: two of them need 2.83 for 10 minutes
-    with pytest.raises(LaunchRefused, match="together with your running sessions"):
+    with pytest.raises(LaunchRefused, match="together with what already runs"):
         start_session(alice, Launch(A100, image.pk, "second"))
 
 
@@ -155,7 +157,7 @@ def test_at_zero_balance_people_are_warned_then_stopped_after_the_grace_time(
     broke = running_session(alice, image, H200_3G, "broke")
     fine = running_session(bob, image, H200_3G, "fine")
     for session in (broke, fine):
-        holding_started(session.slice_id, session.container_started_at)  # type: ignore[arg-type]
+        holdings.started(session.slice_id, session.container_started_at)  # type: ignore[arg-type]
     now = timezone.now()
     assert credit.check_balances(now) == {"warned": 1, "stopped": 0, "cleared": 0}
     warning = CreditStop.objects.get(user=alice)
@@ -175,7 +177,7 @@ def test_a_session_stopped_for_credit_is_charged_to_the_moment_its_container_is_
     session = running_session(alice, image, H200_3G, "broke")
     started = timezone.now() - timedelta(minutes=7, seconds=30)
     NotebookSession.objects.filter(pk=session.pk).update(container_started_at=started)
-    holding_started(session.slice_id, started)  # type: ignore[arg-type]
+    holdings.started(session.slice_id, started)  # type: ignore[arg-type]
     credit.check_balances()
     credit.check_balances()
     gone = started + timedelta(minutes=7, seconds=30)
@@ -202,3 +204,17 @@ def test_the_dashboard_shows_the_zero_balance_warning_and_the_balance(hold: Hold
     page = client_of(alice).get(reverse("dashboard")).content.decode()
     assert "Your credit has run out" in page and "will be stopped at" in page
     assert "0.00 CNY" in page and "nothing left to burn" in page
+
+
+def test_a_credit_form_sent_twice_grants_once(alice: User, staff: User) -> None:
+    """A double click, or a reload that posts again (issue 30, money 6): the form's one-time key is posted once."""
+    page = client_of(staff).get(CREDIT).content.decode()
+    key = re.search(r'name="key" value="([^"]+)"', page)
+    assert key is not None
+    form = {"username": "alice", "amount": "10", "kind": "top_up", "reason": "invoice 2026-120", "key": key.group(1)}
+    first, second = client_of(staff).post(CREDIT, form), client_of(staff).post(CREDIT, form, follow=True)
+    assert first.status_code == 302 and second.status_code == 200
+    assert "already added; it was not added again" in second.content.decode()
+    assert ledger.balance(alice) == Decimal(10) and LedgerTransaction.objects.filter(user=alice).count() == 1
+    other = re.search(r'name="key" value="([^"]+)"', client_of(staff).get(CREDIT).content.decode())
+    assert other is not None and other.group(1) != key.group(1)  # the next form shown posts again

@@ -28,7 +28,7 @@ from websockets.typing import Origin
 
 from billing import credit, ledger, meter, seeds
 from billing.models import ChargedMinute, CreditStop, Price, Usage
-from billing.prices import database_now
+from portal.clock import database_now
 from sessions.gpus.allocator import SliceRequest
 from sessions.gpus.models import Slice
 from sessions.notebooks.models import NotebookImage, NotebookSession
@@ -118,7 +118,10 @@ def test_at_zero_balance_a_real_session_is_warned_then_stopped_through_the_hub_a
         assert credit.check_balances(warned_at + timedelta(seconds=59))["stopped"] == 0
         assert state_of(session) == State.RUNNING
         assert credit.check_balances(warned_at + timedelta(minutes=1))["stopped"] == 1
-        assert next_notice(socket, "billing.credit_stop")["text"] == "Your sessions are being stopped."
+        assert (
+            next_notice(socket, "billing.credit_stop")["text"]
+            == "Your credit has run out: your sessions and render jobs are being stopped."
+        )
 
     wait_for(lambda: state_of(session) == State.STOPPED, 90, "the hub to stop the session")
     assert session.ended_reason == NotebookSession.EndReason.CREDIT
@@ -141,4 +144,4 @@ def test_at_zero_balance_a_real_session_is_warned_then_stopped_through_the_hub_a
     assert meter.tick().minutes == 0 and meter.charge_holding(held.pk).minutes == 0  # nothing left, nothing twice
     assert ledger.balance(alice) == (2 * rate).quantize(CENT, rounding=ROUND_DOWN) - due * rate
     assert unbalanced_transactions() == [] and ledger_total() == 0
-    assert "your sessions were stopped" in dashboard_of(alice)
+    assert "your sessions and render jobs were stopped" in dashboard_of(alice)

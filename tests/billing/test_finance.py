@@ -23,8 +23,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from billing import ledger, meter, reports, rollup
 from billing.models import Account, ChargedMinute, Entry, LedgerTransaction, Usage, UsageDay
-from billing.prices import database_now
 from billing.reports import Scope
+from portal.clock import database_now
 from sessions.gpus.allocator import SliceRequest
 from sessions.gpus.models import Gpu, Slice
 from sessions.metrics.models import GpuMinute

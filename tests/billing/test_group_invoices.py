@@ -34,9 +34,9 @@ from billing.models import (
     InvoiceLine,
     LedgerTransaction,
 )
-from billing.prices import database_now
 from billing.tasks import issue_group_invoices
 from portal.celery import app
+from portal.clock import database_now
 from tests.billing.conftest import H200_3G, Hold
 from tests.factories import make_user
 

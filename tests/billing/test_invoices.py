@@ -26,9 +26,9 @@ from django.urls import reverse
 
 from billing import invoices, ledger, meter, rollup
 from billing.models import Account, CreditNote, Entry, Invoice, InvoiceLine, LedgerTransaction
-from billing.prices import database_now
 from billing.tasks import issue_invoices
 from portal.celery import app
+from portal.clock import database_now
 from tests.billing.conftest import H200_3G, Hold, ledger_total, unbalanced_transactions
 
 pytestmark = pytest.mark.django_db
@@ -121,7 +121,8 @@ def test_issuing_twice_is_a_no_op(charged: tuple[datetime, datetime], alice: Use
     again = invoices.issue(alice, last.date())
     assert first is not None and again is not None and again.pk == first.pk
     assert [invoice.pk for invoice in invoices.issue_month(last.date())] == [first.pk]
-    assert Invoice.objects.count() == 1 and InvoiceLine.objects.count() == 2
+    # the month before, whose minutes began first, was issued before it (months are issued in order)
+    assert Invoice.objects.count() == 2 and InvoiceLine.objects.count() == 3
 
 
 def test_a_month_not_over_is_not_invoiced_and_a_month_without_charges_gets_none(hold: Hold, alice: User) -> None:
@@ -130,12 +131,14 @@ def test_a_month_not_over_is_not_invoiced_and_a_month_without_charges_gets_none(
     assert invoices.issue(alice, invoices.last_month()) is None and Invoice.objects.count() == 0
 
 
-def test_credit_applied_is_the_opening_balance_and_the_months_credit_up_to_the_total(
+def test_credit_is_applied_once_whenever_the_charges_were_posted(
     charged: tuple[datetime, datetime], alice: User
 ) -> None:
+    """Every minute here was posted when the meter ran (now), after both months: last month opens with what the
+    month before left (its closing balance), never with the 0.50 the month before already applied."""
     last, before = charged
     credit_posted_at(alice, "0.50", before - timedelta(days=2))
-    credit_posted_at(alice, "1.00", last + timedelta(days=1))
+    credit_posted_at(alice, "2.00", last + timedelta(days=1))
     earlier, later = invoices.issue(alice, before.date()), invoices.issue(alice, last.date())
     assert earlier is not None and later is not None
     assert (earlier.opening_balance, earlier.credit_added, earlier.credit_applied) == (
@@ -144,13 +147,12 @@ def test_credit_applied_is_the_opening_balance_and_the_months_credit_up_to_the_t
         Decimal("0.5"),
     )
     assert earlier.balance_due == earlier.total - Decimal("0.5")
-    # The charges were posted when the meter ran (now), so last month opened with the 0.50 still there.
-    assert (later.opening_balance, later.credit_added, later.credit_applied) == (
-        Decimal("0.5"),
-        Decimal(1),
-        Decimal("1.5"),
-    )
-    assert later.balance_due == later.total - Decimal("1.5")
+    closing = earlier.opening_balance + earlier.credit_added - earlier.total
+    assert later.opening_balance == closing == Decimal("0.5") - 11 * A100_MINUTE
+    # The 2.00 of last month first pays what the month before left below zero; the rest covers last month.
+    assert (later.credit_added, later.credit_applied) == (Decimal(2), closing + 2)
+    assert later.balance_due == later.total - later.credit_applied
+    assert later.opening_balance + later.credit_added - later.total == ledger.balance(alice)
 
 
 def test_an_issued_invoice_refuses_changes_in_python(charged: tuple[datetime, datetime], alice: User) -> None:
@@ -291,8 +293,10 @@ def test_the_task_issues_last_months_invoices_and_a_rerun_changes_nothing(
     held_at(hold, bob, last + timedelta(days=9), timedelta(minutes=2))  # charged by the task's own tick
     result = issue_invoices.apply().get()
     assert result["month"] == f"{last:%Y-%m}" and len(result["invoices"]) == 2
-    assert {invoice.user_id: invoice.minutes for invoice in Invoice.objects.all()} == {alice.pk: 22, bob.pk: 2}
-    assert issue_invoices.apply().get()["invoices"] == result["invoices"] and Invoice.objects.count() == 2
+    issued = Invoice.objects.filter(month=last.date())
+    assert {invoice.user_id: invoice.minutes for invoice in issued} == {alice.pk: 22, bob.pk: 2}
+    # alice's month before, whose minutes began first, was issued before hers of last month
+    assert issue_invoices.apply().get()["invoices"] == result["invoices"] and Invoice.objects.count() == 3
 
 
 def test_beat_issues_invoices_on_the_first_of_the_month() -> None:

@@ -19,8 +19,10 @@ from django.test.utils import CaptureQueriesContext
 
 from billing import ledger, meter, money
 from billing.models import Account, ChargedMinute, Market, Usage
-from billing.prices import PriceKey, add_price, database_now
-from sessions.gpus.allocator import holding_ended, release
+from billing.prices import PriceKey, add_price
+from portal.clock import database_now
+from sessions.gpus import holdings
+from sessions.gpus.allocator import release
 from tests.billing.conftest import (
     A30_SHARE,
     H200_3G,
@@ -125,7 +127,7 @@ def test_a_usage_whose_end_moment_is_before_its_start_ends_at_its_start_and_pays
     release the database stamped before a start Docker's clock put ahead of it."""
     reported = hold(alice, timedelta(minutes=3))
     assert reported.held_from is not None
-    holding_ended(reported.pk, reported.held_from, reported.held_from - timedelta(minutes=2))
+    holdings.ended(reported.pk, reported.held_from, reported.held_from - timedelta(minutes=2))
     released = hold(alice, -timedelta(seconds=40))  # its start 40 s ahead of the database's now
     release(released.pk)  # released now, by the database's clock: before that start
     outcome = meter.tick()

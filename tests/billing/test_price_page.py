@@ -10,7 +10,7 @@ from django.test import Client
 from django.urls import reverse
 
 from billing.models import Entry, Price
-from billing.prices import database_now
+from portal.clock import database_now
 from tests.billing.conftest import Hold
 
 pytestmark = pytest.mark.django_db
@@ -62,7 +62,7 @@ def test_htmx_gets_the_price_area_back_with_the_refusal(hold: Hold, alice: User,
     answer = staff_client(staff).post(URL, a_price(effective_from=past), HTTP_HX_REQUEST="true")
     text = answer.content.decode()
     assert answer.status_code == 200 and text.lstrip().startswith('<div id="price-area">')
-    assert "began since" in text and not Price.objects.filter(created_by=staff).exists()
+    assert "allocated since" in text and not Price.objects.filter(created_by=staff).exists()
 
 
 def test_the_admin_shows_the_ledger_and_lets_nobody_change_it(admin_client: Client, alice: User, staff: User) -> None:
@@ -92,5 +92,5 @@ def test_the_admin_refuses_a_price_that_would_reprice_a_running_holding_in_words
         "source": "backdated",
     }
     answer = admin_client.post(reverse("admin:billing_price_add"), form)
-    assert answer.status_code == 200 and "began since" in answer.content.decode()
+    assert answer.status_code == 200 and "allocated since" in answer.content.decode()
     assert not Price.objects.filter(source="backdated").exists()

@@ -11,7 +11,8 @@ from django.core.exceptions import ValidationError
 
 from billing import money, prices
 from billing.models import Market, Price
-from billing.prices import PriceKey, add_price, database_now, in_force
+from billing.prices import PriceKey, add_price, in_force
+from portal.clock import database_now
 from sessions.gpus import catalog
 from sessions.gpus.allocator import allocate, release
 from sessions.gpus.holders import Holder
@@ -101,14 +102,14 @@ def test_a_price_from_the_past_that_would_reprice_a_running_holding_is_refused(
     assert add_price(h100, "20", database_now() - timedelta(hours=1), by=staff).per_hour == Decimal(20)
 
 
-def test_a_price_from_the_past_is_refused_while_a_holding_of_its_kind_is_starting(
+def test_a_price_from_the_past_is_refused_while_a_slice_of_its_kind_allocated_since_is_starting(
     fleet: object, alice: User, staff: User
 ) -> None:
-    """Its container may already run, its start not yet recorded: the past moment would cover that start."""
+    """Its launch was quoted the price in force at its allocation, which the past moment would change."""
     starting = allocate(alice, A100, holder=Holder.notebook(4242))
     with pytest.raises(ValidationError) as refused:
         add_price(A100_WHOLE, "20", database_now() - timedelta(hours=1), by=staff)
-    assert refused.value.code == "reprices" and "or are starting" in refused.value.messages[0]
+    assert refused.value.code == "reprices" and "were allocated since" in refused.value.messages[0]
     assert add_price(A100_WHOLE, "20", database_now() + timedelta(seconds=1), by=staff).per_hour == Decimal(20)
     release(starting.pk)
 

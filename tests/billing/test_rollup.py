@@ -11,8 +11,9 @@ from django.contrib.auth.models import User
 
 from billing import ledger, meter, money, rollup
 from billing.models import ChargedMinute, Usage, UsageDay
-from billing.prices import database_now
-from sessions.gpus.allocator import allocate, holding_ended, holding_started
+from portal.clock import database_now
+from sessions.gpus import holdings
+from sessions.gpus.allocator import allocate
 from sessions.gpus.holders import Holder
 from tests.billing.conftest import A100, Hold, ledger_total
 
@@ -22,9 +23,11 @@ pytestmark = pytest.mark.django_db
 
 def held_between(owner: User, start: datetime, end: datetime | None, holder_id: int) -> int:
     held = allocate(owner, A100, holder=Holder.notebook(holder_id))
-    holding_started(held.pk, start)
+    holdings.started(held.pk, start)
     if end is not None:
-        holding_ended(held.pk, start, end)
+        holdings.ended(held.pk, start, end)
+    else:
+        holdings.seen([held.pk])  # still running: seen so now
     return held.pk
 
 

@@ -14,11 +14,13 @@ from django.db import transaction
 
 from billing import ledger, meter, money
 from billing.models import ChargedMinute, CreditStop, Usage
-from billing.prices import database_now
 from billing.tasks import charge_accrued, check_credit
-from sessions.gpus.allocator import holding_started
+from portal.clock import database_now
+from sessions.gpus import holdings
+from sessions.gpus.holdings import CHARGE_HOLDING
+from sessions.gpus.models import Slice
 from sessions.notebooks.models import NotebookImage
-from sessions.notebooks.services import CHARGE_HOLDING, ContainerEnd, container_ended
+from sessions.notebooks.services import ContainerEnd, container_ended
 from tests.billing.conftest import Hold, clock_moves_on, unbalanced_transactions
 from tests.factories import running_session
 from tests.helpers import processes
@@ -58,7 +60,7 @@ def test_a_sessions_end_is_charged_to_its_last_minute_without_waiting_for_a_tick
     started = database_now() - timedelta(minutes=3, seconds=40)
     session.container_started_at = started
     session.save(update_fields=["container_started_at"])
-    holding_started(session.slice_id, started)
+    holdings.started(session.slice_id, started)
     container_ended(session.pk, ContainerEnd(at=started + timedelta(minutes=3, seconds=5), exit_code=0))
     closed = Usage.objects.filter(slice_id=session.slice_id, open=False)
     wait_for(closed.exists, 60, "the worker charging the ended holding")
@@ -68,10 +70,11 @@ def test_a_sessions_end_is_charged_to_its_last_minute_without_waiting_for_a_tick
 
 
 def charged_as_due(usage: Usage) -> bool:
-    """Every minute due by the database's clock is charged, each once, and the wallet paid exactly those."""
+    """Every minute due by the database's clock (and the holding's last proof of life) is charged, each once,
+    and the wallet paid exactly those."""
     usage.refresh_from_db()
     minutes = list(ChargedMinute.objects.filter(usage=usage).order_by("minute").values_list("minute", flat=True))
-    due = meter.minutes_due(usage.started, None, database_now())
+    due = meter.minutes_due(usage.started, None, database_now(), Slice.objects.get(pk=usage.slice_id).seen_at)
     return minutes == list(range(due)) and ledger.balance(usage.owner) == -due * usage.per_minute
 
 

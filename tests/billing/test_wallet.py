@@ -14,8 +14,8 @@ from django.utils import timezone
 
 from billing import credit, ledger, meter
 from billing.models import Budget, BudgetAlert, Price
-from billing.prices import database_now
-from sessions.gpus.allocator import holding_started
+from portal.clock import database_now
+from sessions.gpus import holdings
 from sessions.notebooks.models import NotebookImage
 from tests.billing.conftest import A30_SHARE, H200_3G, Hold
 from tests.factories import running_session
@@ -168,7 +168,7 @@ def test_the_currency_setting_names_every_amount_shown(
 def test_the_session_card_shows_its_cost_so_far(fleet: object, alice: User, alice_client: Client) -> None:
     image, _ = NotebookImage.objects.get_or_create(name="JupyterLab", defaults={"image": "x"})
     session = running_session(alice, image, H200_3G, "lab")
-    holding_started(session.slice_id, database_now())  # type: ignore[arg-type]  # the meter's clock
+    holdings.started(session.slice_id, database_now())  # type: ignore[arg-type]  # the meter's clock
     session.slice.refresh_from_db()  # type: ignore[union-attr]
     page = alice_client.get(reverse("session-list")).content.decode()
     rate = credit.per_minute_of(session.slice)  # type: ignore[arg-type]

@@ -14,9 +14,10 @@ from playwright.sync_api import Page, expect
 
 from billing import credit, ledger, money, seeds
 from billing.models import Price
-from billing.prices import database_now
 from billing.tasks import charge_accrued
-from sessions.gpus.allocator import SliceRequest, holding_started
+from portal.clock import database_now
+from sessions.gpus import holdings
+from sessions.gpus.allocator import SliceRequest
 from sessions.notebooks.models import NotebookImage, NotebookSession
 from tests.e2e.conftest import SCREENSHOTS, log_in
 from tests.factories import running_session
@@ -30,7 +31,7 @@ def running_for(owner: User, image: NotebookImage, name: str, seconds: float) ->
     session = running_session(owner, image, H200_3G, name)
     started = database_now() - timedelta(seconds=seconds)
     NotebookSession.objects.filter(pk=session.pk).update(container_started_at=started, ready_at=started)
-    holding_started(session.slice_id, started)  # type: ignore[arg-type]
+    holdings.started(session.slice_id, started)  # type: ignore[arg-type]
     return session
 
 

@@ -14,7 +14,7 @@ from playwright.sync_api import Page, expect
 
 from billing import meter
 from billing.models import Usage
-from billing.prices import database_now
+from portal.clock import database_now
 from tests.billing.conftest import Hold, fleet, hold  # noqa: F401 (fixtures)
 from tests.e2e.conftest import SCREENSHOTS, log_in
 

@@ -14,7 +14,7 @@ from django.contrib.auth.models import Group, Permission, User
 from playwright.sync_api import Page, expect
 
 from billing import group_invoices, invoices, meter, money
-from billing.prices import database_now
+from portal.clock import database_now
 from tests.billing import conftest as billing
 from tests.billing.conftest import H200_3G, Hold
 from tests.e2e.conftest import SCREENSHOTS, log_in

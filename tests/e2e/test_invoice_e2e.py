@@ -13,7 +13,7 @@ from django.contrib.auth.models import User
 from playwright.sync_api import Page, expect
 
 from billing import invoices, meter, money
-from billing.prices import database_now
+from portal.clock import database_now
 from tests.billing import conftest as billing
 from tests.billing.conftest import H200_3G, Hold
 from tests.e2e.conftest import SCREENSHOTS, log_in

@@ -236,3 +236,21 @@ def test_events_with_bad_bodies_get_clear_errors(notebook_image: NotebookImage, 
         assert answer.status_code == 400 and error in answer.json()["error"]
     session.refresh_from_db()
     assert session.state == NotebookSession.State.STARTING
+
+
+def test_a_start_from_an_engine_whose_clock_runs_minutes_ahead_is_recorded_not_refused(
+    notebook_image: NotebookImage, alice: User
+) -> None:
+    """Refused, the report was lost and the session ran unbilled (issue 30, money 3)."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    session = launch(alice, notebook_image)
+    ahead = (timezone.now() + timedelta(minutes=3)).isoformat().replace("+00:00", "Z")
+    body = {"session": session.pk, "user": "alice", "event": "container_started", "at": ahead}
+    answer = hub_client().post("/internal/notebooks/events", json.dumps(body), "application/json")
+    assert answer.status_code == 200
+    session.refresh_from_db()
+    assert session.container_started_at is not None and session.slice is not None
+    assert Slice.objects.get(pk=session.slice.pk).held_from == session.container_started_at

@@ -18,7 +18,8 @@ from django.utils import timezone
 from billing import seeds
 from billing.launch import per_minute
 from billing.models import Price
-from sessions.gpus.allocator import SliceRequest, allocate, holding_ended, release
+from sessions.gpus import holdings
+from sessions.gpus.allocator import SliceRequest, allocate, release
 from sessions.gpus.holders import Holder
 from sessions.render import progress
 from sessions.render.models import RenderFrame, RenderJob
@@ -42,7 +43,7 @@ def held_for(job: RenderJob, minutes: int) -> None:
     """A slice the job held for ``minutes`` started minutes, then gave back (so the next one fits)."""
     held = allocate(job.owner, REQUEST, holder=Holder.render(job.pk))
     began = timezone.now() - timedelta(hours=1)
-    holding_ended(held.pk, began, began + timedelta(seconds=60 * minutes - 30))
+    holdings.ended(held.pk, began, began + timedelta(seconds=60 * minutes - 30))
     release(held.pk)
 
 

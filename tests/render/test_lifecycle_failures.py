@@ -11,7 +11,8 @@ import pytest
 from django.contrib.auth.models import User
 from django.utils import timezone
 
-from sessions.gpus.allocator import SliceRequest, allocate, holding_started
+from sessions.gpus import holdings
+from sessions.gpus.allocator import SliceRequest, allocate
 from sessions.gpus.holders import Holder
 from sessions.gpus.models import Slice
 from sessions.render import recovery, services
@@ -126,7 +127,7 @@ def test_reconciliation_frees_the_slice_a_crashed_job_left_and_ends_its_holding(
     job = make_job(alice, scenes / "small.blend", [1], State.AWAITING_CONFIRMATION)
     RenderJob.objects.filter(pk=job.pk).update(state=State.FAILED, finished_at=timezone.now())
     left = allocate(alice, SliceRequest("mig", "1g.18gb", "H200"), holder=Holder.render(job.pk))
-    holding_started(left.pk, timezone.now() - timedelta(minutes=3))
+    holdings.started(left.pk, timezone.now() - timedelta(minutes=3))
 
     counts = recovery.reconcile()
 

@@ -18,7 +18,9 @@ from billing import seeds
 from billing.launch import per_minute
 from billing.models import Price
 from portal import push
-from sessions.gpus.allocator import SliceRequest, allocate, holding_ended
+from portal.clock import database_now
+from sessions.gpus import holdings
+from sessions.gpus.allocator import SliceRequest, allocate
 from sessions.gpus.holders import Holder
 from sessions.render import progress, services
 from sessions.render.models import RenderChunk, RenderFrame, RenderJob
@@ -85,7 +87,7 @@ def test_the_figures_count_done_frames_average_their_time_and_price_the_held_min
         RenderFrame.objects.create(job=job, number=number, state="done", finished_at=began + timedelta(seconds=seconds))
     RenderFrame.objects.bulk_create([RenderFrame(job=job, number=n) for n in (3, 4)])
     held = allocate(alice, SliceRequest("mig", "1g.18gb", "H200"), holder=Holder.render(job.pk))
-    holding_ended(held.pk, began, began + timedelta(seconds=61))  # two started minutes
+    holdings.ended(held.pk, began, began + timedelta(seconds=61))  # two started minutes
 
     figures = progress.snapshot(RenderJob.objects.get(pk=job.pk))
 
@@ -219,7 +221,7 @@ def test_the_cost_so_far_keeps_the_rate_in_force_when_the_slice_was_first_held(
 ) -> None:
     """A price changed while a job renders reprices nothing: the page shows what the meter charges."""
     from billing.models import Market
-    from billing.prices import PriceKey, add_price, database_now
+    from billing.prices import PriceKey, add_price
     from tests.gpus.conftest import use_fleet
 
     seeds.ensure(Price)
@@ -227,7 +229,7 @@ def test_the_cost_so_far_keeps_the_rate_in_force_when_the_slice_was_first_held(
     job = a_job(alice, [1, 2])
     began = database_now() - timedelta(seconds=90)
     held = allocate(alice, SliceRequest("mig", "1g.18gb", "H200"), holder=Holder.render(job.pk))
-    holding_ended(held.pk, began, began + timedelta(seconds=61))  # two started minutes
+    holdings.ended(held.pk, began, began + timedelta(seconds=61))  # two started minutes
     rate = per_minute(SliceRequest("mig", "1g.18gb", "H200"), "on_demand")
     assert rate is not None
 

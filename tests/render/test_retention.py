@@ -21,7 +21,8 @@ from django.utils.html import strip_tags
 from billing import ledger, meter, seeds
 from billing.models import ChargedMinute, Entry, Price, Usage
 from portal.celery import app
-from sessions.gpus.allocator import SliceRequest, allocate, holding_ended, release
+from sessions.gpus import holdings
+from sessions.gpus.allocator import SliceRequest, allocate, release
 from sessions.gpus.holders import Holder
 from sessions.gpus.models import Slice
 from sessions.render import retention, services, tasks
@@ -69,7 +70,7 @@ def billed(job: RenderJob) -> Slice:
     """A slice the job held for three minutes, released and charged by the meter."""
     held = allocate(job.owner, SliceRequest("mig", "1g.18gb", "H200"), holder=Holder.render(job.pk))
     began = timezone.now() - timedelta(hours=1)
-    holding_ended(held.pk, began, began + timedelta(minutes=3))
+    holdings.ended(held.pk, began, began + timedelta(minutes=3))
     release(held.pk)
     meter.charge_holding(held.pk)
     return held

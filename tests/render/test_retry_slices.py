@@ -14,7 +14,8 @@ import pytest
 from django.contrib.auth.models import User
 from django.utils import timezone
 
-from sessions.gpus.allocator import SliceRequest, allocate, holding_started
+from sessions.gpus import holdings
+from sessions.gpus.allocator import SliceRequest, allocate
 from sessions.gpus.backends import get_backend
 from sessions.gpus.holders import Holder
 from sessions.gpus.models import Slice
@@ -55,7 +56,7 @@ def rendering_job(owner: User) -> tuple[RenderJob, Slice]:
         **WHOLE,  # type: ignore[arg-type]
     )
     held = allocate(owner, job.request, holder=Holder.render(job.pk))
-    holding_started(held.pk, timezone.now() - timedelta(minutes=1))
+    holdings.started(held.pk, timezone.now() - timedelta(minutes=1))
     RenderFrame.objects.bulk_create([RenderFrame(job=job, number=n) for n in (1, 2)])
     return job, held
 

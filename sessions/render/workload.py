@@ -1,0 +1,38 @@
+"""A render job as a kind of workload (``sessions.gpus.workloads``): whose it is, which are live (its probe runs,
+or it is queued or rendering), and how one is stopped for a reason: its owner's or an operator's stop cancels it;
+any other (credit ran out, spot reclaimed) fails it saying why, so its frames can be queued again."""
+
+from __future__ import annotations
+
+from django.contrib.auth.models import User
+
+from sessions import access
+from sessions.gpus.holders import HolderKind
+from sessions.gpus.workloads import Reason
+from sessions.render import services
+from sessions.render.models import RenderJob
+
+LIVE = (RenderJob.State.ESTIMATING, *services.RUNNING)
+
+
+class RenderJobs:
+    kind = HolderKind.RENDER
+
+    def owner_of(self, holder_id: int) -> int | None:
+        return RenderJob.objects.filter(pk=holder_id).values_list("owner_id", flat=True).first()
+
+    def live(self, owner_id: int | None = None) -> list[int]:
+        found = RenderJob.objects.filter(state__in=LIVE)
+        if owner_id is not None:
+            found = found.filter(owner_id=owner_id)
+        return list(found.order_by("pk").values_list("pk", flat=True))
+
+    def stop(self, holder_id: int, reason: str, by: User | None) -> None:
+        job = RenderJob.objects.get(pk=holder_id)
+        if by is not None and not access.may(by, access.Action.STOP, job):
+            raise access.NotFound("No such render job among yours.")
+        if reason in (Reason.USER, Reason.STAFF) and by is not None:
+            if not job.ended:
+                services.cancel(holder_id)
+            return
+        services.stop_for(holder_id, reason)

@@ -1,0 +1,140 @@
+"""A render job's slices and money (issue 30, money 2 and 4): two dispatches at once never give a job more than
+``max_slices``; a slice whose worker died is released at its last proof of life, never charged while nobody
+worked on it. The steps are the database's alone (which slices a job holds, when a holding ends), so these
+run without Docker; the real stack's worker death is in test_lifecycle_failures."""
+
+from __future__ import annotations
+
+import secrets
+import threading
+import uuid
+from collections.abc import Iterator
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from django.contrib.auth.models import User
+from django.db import connections
+from django.utils import timezone
+
+from billing import meter
+from billing.models import ChargedMinute
+from portal.celery import app
+from portal.clock import database_now
+from sessions.gpus import holdings
+from sessions.gpus.allocator import allocate
+from sessions.gpus.backends import get_backend
+from sessions.gpus.holders import Holder
+from sessions.gpus.models import Slice
+from sessions.render import recovery, services
+from sessions.render.models import RenderChunk, RenderFrame, RenderJob
+from tests.gpus.conftest import use_fleet
+
+WHOLE = {"gpu_kind": "whole", "gpu_profile": "", "gpu_model": "A100-SXM4-80GB"}
+
+
+@pytest.fixture
+def fleet(settings, render_dir: Path) -> Iterator[None]:  # type: ignore[no-untyped-def]
+    use_fleet(settings, "r: 6xA100-80GB:whole")
+    settings.MAX_SLICES_PER_USER = 20
+    yield
+    get_backend.cache_clear()
+
+
+@pytest.fixture
+def quiet_render_queue(settings) -> Iterator[str]:  # type: ignore[no-untyped-def]
+    """The slices' workers are sent to a queue nobody reads here, emptied at the end."""
+    settings.RENDER_QUEUE = f"render-money-{uuid.uuid4().hex[:8]}"
+    yield settings.RENDER_QUEUE
+    with app.connection_for_write() as connection:
+        connection.default_channel.queue_purge(settings.RENDER_QUEUE)
+
+
+def queued_job(owner: User, chunks: int, max_slices: int) -> RenderJob:
+    frames = list(range(1, chunks + 1))
+    job = RenderJob.objects.create(
+        owner=owner,
+        state=RenderJob.State.QUEUED,
+        upload_name="shot.blend",
+        folder=f"t{owner.pk}/{secrets.token_hex(8)}",
+        main_file="scene.blend",
+        frame_spec=f"1-{chunks}",
+        frames=frames,
+        frame_count=chunks,
+        chunk_size=1,
+        max_slices=max_slices,
+        **WHOLE,  # type: ignore[arg-type]
+    )
+    RenderFrame.objects.bulk_create([RenderFrame(job=job, number=n) for n in frames])
+    RenderChunk.objects.bulk_create([RenderChunk(job=job, index=n - 1, frames=[n]) for n in frames])
+    return job
+
+
+@pytest.mark.django_db(transaction=True)
+def test_two_dispatches_at_once_never_give_a_job_more_than_its_max_slices(
+    fleet: None, quiet_render_queue: str, alice: User
+) -> None:
+    """The confirm's task and reconciliation's every 30 s overlap: each read the slices held before the other
+    allocated, and the job ended up holding twice what it may."""
+    job = queued_job(alice, chunks=6, max_slices=2)
+    start = threading.Barrier(4)
+
+    def run() -> None:
+        try:
+            start.wait(30)
+            services.dispatch(job.pk)
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=run) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert len(services.held_by(job.pk)) == 2
+
+
+@pytest.mark.django_db
+def test_a_slice_whose_worker_died_between_chunks_is_released_at_its_last_proof_of_life(
+    fleet: None, quiet_render_queue: str, alice: User
+) -> None:
+    """Nobody worked on it for minutes (its worker died after a chunk): charging it until a new worker came
+    along would bill the time nobody used it. It is released, its holding ended at its last proof of life, and
+    the job gets a slice afresh."""
+    job = queued_job(alice, chunks=2, max_slices=1)
+    RenderJob.objects.filter(pk=job.pk).update(state=RenderJob.State.RENDERING)
+    held = allocate(alice, job.request, holder=Holder.render(job.pk))
+    long_ago = timezone.now() - timedelta(minutes=30)
+    Slice.objects.filter(pk=held.pk).update(allocated_at=long_ago)
+    began = database_now() - timedelta(minutes=30)
+    holdings.started(held.pk, began)
+    holdings.seen([held.pk], at=began + timedelta(minutes=3, seconds=20))  # its worker's last line
+    RenderChunk.objects.filter(job=job, index=0).update(
+        state=RenderChunk.State.DONE, slice=held, finished_at=long_ago + timedelta(minutes=3)
+    )
+    counts = recovery.reconcile()
+    held.refresh_from_db()
+    assert held.released_at is not None and held.held_until == began + timedelta(minutes=3, seconds=20)
+    assert counts["workers_sent"] == 1 and [s.pk for s in services.held_by(job.pk)] != [held.pk]
+    meter.tick()
+    assert ChargedMinute.objects.filter(usage__slice=held).count() == 4
+
+
+@pytest.mark.django_db
+def test_at_the_render_worker_s_start_every_slice_its_dead_workers_held_ends_at_its_last_proof_of_life(
+    fleet: None, quiet_render_queue: str, alice: User
+) -> None:
+    job = queued_job(alice, chunks=3, max_slices=1)
+    RenderJob.objects.filter(pk=job.pk).update(state=RenderJob.State.RENDERING)
+    held = allocate(alice, job.request, holder=Holder.render(job.pk))
+    began = database_now() - timedelta(minutes=20)
+    holdings.started(held.pk, began)
+    holdings.seen([held.pk], at=began + timedelta(minutes=1, seconds=5))
+    RenderChunk.objects.filter(job=job, index=0).update(state=RenderChunk.State.RENDERING, slice=held, attempts=1)
+    counts = recovery.recover_after_restart()
+    held.refresh_from_db()
+    assert counts["chunks_put_back"] == 1 and counts["slices_released"] == 1
+    assert held.held_until == began + timedelta(minutes=1, seconds=5) and held.released_at is not None
+    chunk = RenderChunk.objects.get(job=job, index=0)
+    assert (chunk.state, chunk.attempts) == (RenderChunk.State.PENDING, 0)
+    assert len(services.held_by(job.pk)) == 1  # a fresh slice, for a fresh worker
