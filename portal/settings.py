@@ -338,6 +338,10 @@ MAX_SLICES_PER_USER = env.integer("PORTAL_MAX_SLICES_PER_USER", 4, minimum=0)
 CPUS_PER_COMPUTE_SLICE = env.integer("PORTAL_CPUS_PER_COMPUTE_SLICE", 2, minimum=1)
 HOST_MEMORY_PER_GPU_GIB = env.integer("PORTAL_HOST_MEMORY_PER_GPU_GIB", 1, minimum=1)
 CONTAINER_PIDS_LIMIT = env.integer("PORTAL_CONTAINER_PIDS_LIMIT", 1024, minimum=16)
+# A GPU container's output on the host's disk (the engine's json-file log): rotated at this size, this many
+# files kept.
+CONTAINER_LOG_MAX_BYTES = env.integer("PORTAL_CONTAINER_LOG_MAX_BYTES", 10 * 1024**2, minimum=64 * 1024)
+CONTAINER_LOG_FILES = env.integer("PORTAL_CONTAINER_LOG_FILES", 3, minimum=1)
 # Labels this portal's containers, so reconciliation never removes another portal's on the same engine.
 INSTANCE_ID = env.text("PORTAL_INSTANCE_ID", "") or secret_file(DATA_DIR / "instance_id", lambda: secrets.token_hex(6))
 
@@ -433,6 +437,9 @@ RENDER_CHUNK_ATTEMPTS = env.integer("PORTAL_RENDER_CHUNK_ATTEMPTS", 3, minimum=1
 RENDER_CHUNK_WALL_SECONDS = env.integer("PORTAL_RENDER_CHUNK_WALL_SECONDS", 3600, minimum=10)
 RENDER_PROBE_WALL_SECONDS = env.integer("PORTAL_RENDER_PROBE_WALL_SECONDS", 600, minimum=10)
 RENDER_THUMBNAIL_PIXELS = env.integer("PORTAL_RENDER_THUMBNAIL_PIXELS", 320, minimum=16)
+# The widest or tallest frame a job may render, in pixels (the scene's resolution at the job's percentage):
+# a scene past it fails its estimate, and no frame larger is ever decoded for a thumbnail.
+RENDER_MAX_RESOLUTION = env.integer("PORTAL_RENDER_MAX_RESOLUTION", 16384, minimum=16)
 # What one chunk's run (or the probe) may write into its output folder, a host folder the sandbox writes:
 # past it the container is stopped and the job fails, so a hostile scene cannot fill the host's disk.
 RENDER_MAX_OUTPUT_BYTES = env.integer("PORTAL_RENDER_MAX_OUTPUT_BYTES", 20 * 1024**3, minimum=1024**2)

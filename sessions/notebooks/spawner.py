@@ -42,6 +42,11 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def _host_memory() -> int:
+    """Bytes of memory of this host, whose engine runs the notebooks (as ``os.cpu_count`` its CPUs)."""
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
 class PortalSpawner(DockerSpawner):
     portal_url = Unicode("http://127.0.0.1:8002", help="The portal's own address (not the proxy).").tag(config=True)
     portal_token = Unicode("", help="The token shared with the portal (its hub service token).").tag(config=True)
@@ -154,7 +159,7 @@ class PortalSpawner(DockerSpawner):
         """The portal's launch spec onto DockerSpawner: the container spec as the portal built it, applied by
         the same code as the Docker adapter's (ContainerSpec.host_config), plus JupyterLab's environment."""
         self.session_id = int(launch["session"])
-        spec = ContainerSpec.from_json(launch["container"]).with_cpus_at_most(os.cpu_count())
+        spec = ContainerSpec.from_json(launch["container"]).within_host(os.cpu_count(), _host_memory())
         self.image, self.network_name = spec.image, spec.network
         self.remove = True  # stop() removes it, after stop_object() has read how it ended
         # The limits are the host config's (NanoCpus); DockerSpawner's cpu_limit would add a CPU period

@@ -12,6 +12,7 @@ with its last container.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -25,11 +26,12 @@ from django.utils import timezone
 from sessions.gpus import holdings
 from sessions.gpus.holders import Holder
 from sessions.gpus.models import Slice
-from sessions.render import containers, files, progress
+from sessions.render import containers, files, progress, thumbnails
 from sessions.render.models import RenderChunk, RenderFrame, RenderJob
 from sessions.render.services import (
     RUNNING,
     another_slice,
+    estimate_of,
     held_by,
     locked,
     render_settings,
@@ -157,13 +159,14 @@ def _run(claim: Claim) -> datetime | None:
     """Render one chunk in the sandbox; returns its container's end moment."""
     job, chunk, taken = claim.job, claim.chunk, claim.taken
     output = output_folder(job, chunk)
-    output.mkdir(parents=True, exist_ok=True)
+    files.make_private(output)
+    how = render_settings(job, taken)
+    written = Written(job, chunk, output, _most_pixels(job), how.preview_pixels**2)
     run = progress.ChunkRun(
-        job,
-        on_saved=lambda name: _frame_saved(job, chunk, output / name),
-        on_preview=lambda frame: _thumbnail_from_preview(job, output / blender.preview_file(frame), frame),
+        job, on_saved=lambda name: _frame_saved(written, name), on_preview=lambda n: _thumbnail_from_preview(written, n)
     )
-    watched = containers.Watched(on_started=lambda at: holdings.started(taken.pk, at or timezone.now()))
+    watched = containers.Watched(may_start=lambda: _may_render(job.pk, chunk.pk, taken.pk))
+    watched.on_started = lambda at: _started(job.pk, chunk.pk, taken.pk, watched, at)
     alive = holdings.Heartbeat(taken.pk)  # each line Blender prints shows its container runs: the meter's proof
     limit = settings.RENDER_MAX_OUTPUT_BYTES
     outcome = Outcome(None, "", {})
@@ -174,25 +177,25 @@ def _run(claim: Claim) -> datetime | None:
             scene_of(job),
             output,
             tuple(chunk.frames),
-            render_settings(job, taken),
+            how,
             wall_time_s=settings.RENDER_CHUNK_WALL_SECONDS,
             on_line=_and(alive, run.line),
             output_limit=limit,
         )
         for frame, path in result.saved.items():
-            _frame_saved(job, chunk, path, frame)
-            if preview := result.preview(output, frame):
-                _thumbnail_from_preview(job, preview, frame)
+            _frame_saved(written, path.name, frame)
+            if result.said_preview(frame):
+                _thumbnail_from_preview(written, frame)
         _remove_previews(output)
         outcome = Outcome(result.failure, result.log.excerpt(), run.live())
         if result.exit.output_exceeded:
             outcome = Outcome(_too_much_output(limit), outcome.excerpt, outcome.live, final=True)
-            _keep_only_frames(job, output)
     except (RuntimeError_, FileNotFoundError, ValueError) as error:
         outcome = Outcome(str(error), "", run.live())
     if watched.finished_at is not None:
         holdings.seen([taken.pk], at=watched.finished_at)  # it ran until then, whatever it printed last
-    _chunk_ended(job.pk, chunk.pk, taken.pk, outcome)
+    if _chunk_ended(job.pk, chunk.pk, taken.pk, outcome) in (ChunkState.PENDING, ChunkState.FAILED):
+        _keep_only_frames(job, output)  # the attempt failed: what it wrote besides its frames is of no use
     return watched.finished_at
 
 
@@ -206,6 +209,33 @@ def _and(first: Callable[..., None], then: Callable[[str, Event | None], None]) 
     return both
 
 
+def _may_render(job_id: int, chunk_id: int, slice_id: int) -> bool:
+    """Whether the chunk may still render on the slice: its job is queued or rendering, the chunk is rendering
+    there and the slice is held. The job's row is locked to read it, so a cancel that holds it is waited for
+    and seen."""
+    with transaction.atomic():
+        job = locked(job_id)
+        return (
+            job.state in RUNNING
+            and job.chunks.filter(pk=chunk_id, state=ChunkState.RENDERING, slice_id=slice_id).exists()
+            and Slice.objects.filter(pk=slice_id, released_at__isnull=True).exists()
+        )
+
+
+def _started(job_id: int, chunk_id: int, slice_id: int, watched: containers.Watched, at: datetime | None) -> None:
+    """The chunk's container started: its slice is held from then, recorded in the same step as the chunk is
+    found still its own. If its job was cancelled (or the chunk put back) meanwhile, the container is killed
+    at once and holds nothing: the cancel may have looked for the job's containers before this one existed,
+    and its charges ended with it. Either way a cancel is final."""
+    with transaction.atomic():
+        if _may_render(job_id, chunk_id, slice_id):
+            holdings.started(slice_id, at or timezone.now())
+            return
+    if watched.container_id is not None:
+        log.info("render job %s: chunk %s's container started after its end; killed", job_id, chunk_id)
+        watched.kill(watched.container_id)
+
+
 def _too_much_output(limit: int) -> str:
     return (
         f"the render wrote more than {size_words(limit)} into its output folder, the most one chunk may write "
@@ -214,38 +244,78 @@ def _too_much_output(limit: int) -> str:
 
 
 def _keep_only_frames(job: RenderJob, output: Path) -> None:
-    """What a run stopped for its output leaves: its finished frames stay, the rest goes at once."""
+    """What a failed run leaves: its finished frames stay (their rows point into its folder), the rest goes at
+    once, and the folder too where it finished none."""
     done = job.frame_results.filter(state=FrameState.DONE).exclude(output_path="")
     files.prune(output, {job.folder_path() / path for path in done.values_list("output_path", flat=True)})
+    with contextlib.suppress(OSError):  # not empty: it holds finished frames
+        output.rmdir()
 
 
-def _frame_saved(job: RenderJob, chunk: RenderChunk, path: Path, number: int | None = None) -> None:
-    """A frame of this chunk is on disk: record it done, with its thumbnail (once)."""
+@dataclass(frozen=True)
+class Written:
+    """One run's output folder, as the portal reads it: the sandbox wrote everything in it, so a frame is
+    decoded for its thumbnail only up to the pixels the job renders (``most_pixels``; 0 where the job has no
+    estimate to say: then none is), and Blender's small PNG of a frame up to its own size."""
+
+    job: RenderJob
+    chunk: RenderChunk
+    folder: Path
+    most_pixels: int
+    preview_pixels: int
+
+
+def _most_pixels(job: RenderJob) -> int:
+    """The most pixels a frame of the job may have: the scene's resolution, as its probe read it, at the
+    job's percentage (``thumbnails.most_pixels``); 0 if no estimate says."""
+    facts = found.facts if (found := estimate_of(job)) is not None else {}
+    width, height = facts.get("resolution_x"), facts.get("resolution_y")
+    if not isinstance(width, int) or not isinstance(height, int):
+        return 0
+    return thumbnails.most_pixels(width, height, job.resolution_percent)
+
+
+def _frame_saved(written: Written, name: str, number: int | None = None) -> None:
+    """Blender said it saved a frame of this chunk as ``name``: if that is a file of its own in the run's
+    folder (opened once, never through a link), the frame is done, with its thumbnail (once)."""
+    job, chunk = written.job, written.chunk
     if number is None:
-        number = next((n for n in chunk.frames if blender.frame_file(n, job.output_format) == path.name), None)
-    if number is None or path.is_symlink() or not path.is_file():  # the container made it: never follow a link
-        return
-    frame = job.frame_results.filter(number=number).exclude(state=FrameState.DONE).first()
+        number = next((n for n in chunk.frames if blender.frame_file(n, job.output_format) == name), None)
+    frame = None if number is None else job.frame_results.filter(number=number).exclude(state=FrameState.DONE).first()
     if frame is None:
         return
-    thumbnail = make_thumbnail(path, job.folder_path() / THUMBNAILS, settings.RENDER_THUMBNAIL_PIXELS)
+    opened = files.open_written(written.folder, name)
+    if opened is None:  # a link, a FIFO, a folder: the container made it, and nothing of it is read
+        return
+    with opened:
+        thumbnail = None
+        if job.output_format == RenderJob.OutputFormat.PNG:  # another format's comes from Blender's own PNG
+            folder = job.folder_path() / THUMBNAILS
+            thumbnail = make_thumbnail(opened, folder, settings.RENDER_THUMBNAIL_PIXELS, name, written.most_pixels)
     frame.state, frame.finished_at = FrameState.DONE, timezone.now()
-    frame.output_path = path.relative_to(job.folder_path()).as_posix()
+    frame.output_path = (written.folder / name).relative_to(job.folder_path()).as_posix()
     frame.thumbnail_path = str(PurePosixPath(THUMBNAILS, thumbnail.name)) if thumbnail else ""
     frame.save(update_fields=["state", "finished_at", "output_path", "thumbnail_path"])
 
 
-def _thumbnail_from_preview(job: RenderJob, preview: Path, number: int) -> None:
-    """A saved frame Pillow cannot read (OpenEXR) gets its thumbnail from the PNG Blender wrote of it."""
+def _thumbnail_from_preview(written: Written, number: int) -> None:
+    """A saved frame Pillow is not given (OpenEXR) gets its thumbnail from the small PNG Blender wrote of it,
+    which then goes."""
+    job = written.job
     frame = job.frame_results.filter(number=number, state=FrameState.DONE, thumbnail_path="").first()
-    if frame is None or preview.is_symlink() or not preview.is_file():
+    name = blender.preview_file(number)
+    if frame is None:
         return
-    folder = job.folder_path() / THUMBNAILS
-    thumbnail = make_thumbnail(preview, folder, settings.RENDER_THUMBNAIL_PIXELS, of=frame.output_path)
-    if thumbnail is not None:
-        frame.thumbnail_path = str(PurePosixPath(THUMBNAILS, thumbnail.name))
-        frame.save(update_fields=["thumbnail_path"])
-    preview.unlink(missing_ok=True)
+    opened = files.open_written(written.folder, name)
+    if opened is not None:
+        with opened:
+            folder = job.folder_path() / THUMBNAILS
+            pixels = settings.RENDER_THUMBNAIL_PIXELS
+            thumbnail = make_thumbnail(opened, folder, pixels, frame.output_path, written.preview_pixels)
+        if thumbnail is not None:
+            frame.thumbnail_path = str(PurePosixPath(THUMBNAILS, thumbnail.name))
+            frame.save(update_fields=["thumbnail_path"])
+    (written.folder / name).unlink(missing_ok=True)  # a link is removed as a link
 
 
 def _remove_previews(output: Path) -> None:
@@ -255,12 +325,13 @@ def _remove_previews(output: Path) -> None:
             preview.unlink(missing_ok=True)  # a link is removed as a link
 
 
-def _chunk_ended(job_id: int, chunk_id: int, slice_id: int, outcome: Outcome) -> None:
+def _chunk_ended(job_id: int, chunk_id: int, slice_id: int, outcome: Outcome) -> str | None:
+    """Record how the run went; the chunk's state after it (None: it was no longer this run's to record)."""
     with transaction.atomic():
         job = locked(job_id)
         chunk = RenderChunk.objects.select_for_update().get(pk=chunk_id)
         if chunk.state != ChunkState.RENDERING or chunk.slice_id != slice_id:
-            return  # cancelled, or put back by reconciliation meanwhile
+            return None  # cancelled, or put back by reconciliation meanwhile
         missing = list(
             job.frame_results.filter(number__in=chunk.frames)
             .exclude(state=FrameState.DONE)
@@ -283,6 +354,7 @@ def _chunk_ended(job_id: int, chunk_id: int, slice_id: int, outcome: Outcome) ->
         if job.state == State.RENDERING and not job.frame_results.exclude(state=FrameState.DONE).exists():
             job.save(update_fields=job.move(State.DONE))
         progress.announce(job, outcome.live)
+    return str(chunk.state)
 
 
 def _fail(job: RenderJob, chunk: RenderChunk, missing: list[int], outcome: Outcome) -> None:

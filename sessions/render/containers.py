@@ -1,9 +1,10 @@
 """The render jobs' containers as Docker sees them: when each one started and ended, and stopping a job's.
 
 Billing charges a slice from its holder's first container start to its last container's end, as the engine
-recorded them (``sessions.gpus.holdings``); ``Watched`` hears those moments from the sandbox
-runner's own calls. Containers are found by the labels every render container carries: its job, and its
-chunk where it renders one.
+recorded them (``sessions.gpus.holdings``); ``Watched`` hears those moments from the sandbox runner's own
+calls, and asks, between a container's create and its start, whether it may still start at all (its job may
+have been cancelled meanwhile). Containers are found by the labels every render container carries: its job,
+and its chunk where it renders one.
 """
 
 from __future__ import annotations
@@ -50,24 +51,42 @@ def job_of(runtime: DockerRuntime, container_id: str) -> int | None:
     return int(value) if str(value).isdigit() else None
 
 
+class NotStarted(RuntimeError_):
+    """The container was created but not started: what it was for ended meanwhile (``Watched.may_start``)."""
+
+
 class Watched(DockerRuntime):
     """The Docker adapter, noting the start and end of the container it runs (one per instance) as the engine
-    recorded them, and telling ``on_started`` the start at once: the meter charges from that moment."""
+    recorded them, and telling ``on_started`` the start at once: the meter charges from that moment.
+    ``may_start`` is asked once the container is created: False, it is removed unstarted (NotStarted)."""
 
-    def __init__(self, on_started: Callable[[datetime | None], None] | None = None) -> None:
+    def __init__(
+        self,
+        on_started: Callable[[datetime | None], None] | None = None,
+        may_start: Callable[[], bool] | None = None,
+    ) -> None:
         super().__init__()
         self.on_started = on_started
+        self.may_start = may_start
         self.container_id: str | None = None
         self.started_at: datetime | None = None
         self.ended: ContainerState | None = None
 
     def start(self, spec: ContainerSpec, command: list[str], **overrides: Any) -> str:
-        container_id = super().start(spec, command, **overrides)
+        container_id = self.create(spec, command, **overrides)
         self.container_id = container_id
+        if self.may_start is not None and not self.may_start():
+            self.remove(container_id)
+            raise NotStarted("not started: what it was for ended meanwhile")
+        self.start_created(container_id, spec.image)
         state = inspect(self, container_id)
         self.started_at = state.started_at if state is not None else None
-        if self.on_started is not None:
-            self.on_started(self.started_at)
+        try:
+            if self.on_started is not None:
+                self.on_started(self.started_at)
+        except Exception:  # never a container running that nobody follows
+            self.remove(container_id)
+            raise
         return container_id
 
     def exit_of(self, container_id: str, timeout: float = 30) -> ContainerState:

@@ -1,8 +1,10 @@
-"""Removing what render jobs keep on disk: never following a link, never outside the render folder, and also
-when a container left folders it made unreadable (its user is the portal's own, or the portal is root).
+"""Reading and removing what render jobs keep on disk: never following a link, never outside the render
+folder, and also when a container left folders it made unreadable.
 
-A sandboxed run writes into a host folder, so anything in a job's folder may be a link to elsewhere: links
-are removed as links, and a job folder reached through a link is left alone and reported.
+A sandboxed run writes into a host folder, so anything in a job's folder may be a link to elsewhere, and
+may be swapped for one while the run goes on: a file it wrote is opened once, without following a link,
+and what is checked and read is that one open file; links are removed as links, and a job folder reached
+through a link is left alone and reported.
 """
 
 from __future__ import annotations
@@ -11,9 +13,47 @@ import contextlib
 import logging
 import os
 import shutil
+import stat
 from pathlib import Path
+from typing import BinaryIO
 
 log = logging.getLogger(__name__)
+
+
+def make_private(folder: Path) -> None:
+    """Make a folder, and those above it that are missing, each for the portal's user alone (0700): nobody
+    else on the host lists or reads a person's jobs (the render sandbox reaches its folders through its
+    mounts, whatever the folders above them allow)."""
+    missing: list[Path] = []
+    while not os.path.lexists(folder):
+        missing.append(folder)
+        folder = folder.parent
+    for path in reversed(missing):
+        with contextlib.suppress(FileExistsError):  # made by another upload meanwhile
+            path.mkdir(mode=0o700)
+
+
+def open_written(folder: Path, name: str) -> BinaryIO | None:
+    """A file a sandbox wrote, opened for reading once: ``name`` a plain name inside ``folder``, the folder and
+    then the file opened without following a link (a FIFO without waiting for a writer), and only a regular
+    file kept. None for anything else: a link, a folder, a FIFO, a name with a slash, nothing there.
+    Whatever is swapped in at that name afterwards, the caller reads the file that was checked."""
+    if not name or "/" in name or name in (".", ".."):
+        return None
+    try:
+        directory = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        descriptor = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=directory)
+    except OSError:  # ELOOP for a link
+        return None
+    finally:
+        os.close(directory)
+    if not stat.S_ISREG(os.fstat(descriptor).st_mode):
+        os.close(descriptor)
+        return None
+    return os.fdopen(descriptor, "rb")
 
 
 def _made_removable(folder: Path) -> None:

@@ -105,6 +105,16 @@ class RenderJobForm(forms.Form):
             raise forms.ValidationError("Pick one of the listed GPU slices.")
         return key
 
+    def clean_chunk_size(self) -> int:
+        """No more frames to a chunk than a job may render (past that it means nothing, and past the database's
+        whole numbers it could not be stored)."""
+        wanted = int(self.cleaned_data["chunk_size"])
+        if wanted > settings.RENDER_MAX_FRAMES:
+            raise forms.ValidationError(
+                f"A chunk holds at most {settings.RENDER_MAX_FRAMES:,} frames, the most a job renders."
+            )
+        return wanted
+
     def clean_max_slices(self) -> int:
         wanted = int(self.cleaned_data["max_slices"])
         if wanted > settings.MAX_SLICES_PER_USER:

@@ -5,14 +5,17 @@ so the archive is never held in memory or on disk.
 
 from __future__ import annotations
 
+import os
+import time
 import zipfile
 from collections.abc import Iterator
-from pathlib import Path
-from typing import IO, cast
+from pathlib import Path, PurePosixPath
+from typing import IO, BinaryIO, cast
 
 from django.http import Http404
 from django.utils import timezone
 
+from sessions.render import files
 from sessions.render.models import RenderFrame, RenderJob
 
 BLOCK = 1 << 16
@@ -32,13 +35,19 @@ def frame_of(job: RenderJob, number: int) -> RenderFrame:
     return frame
 
 
-def inside_job(job: RenderJob, relative: str) -> Path:
-    """The file a frame row names, if it lies in the job's folder and exists; 404 otherwise."""
-    folder = job.folder_path().resolve()
-    path = (folder / relative).resolve() if relative else folder
-    if path == folder or not path.is_relative_to(folder) or not path.is_file():
+def open_inside(job: RenderJob, relative: str) -> BinaryIO:
+    """The file a frame row names (its frame or its thumbnail), opened for reading: only a file of its own in
+    the job's folder, reached without a link on the way and opened without following one; 404 otherwise. A
+    run still going may swap its frames for links (its output folder is the sandbox's): what is served is
+    the file that was checked."""
+    path = PurePosixPath(relative)
+    if not relative or path.is_absolute() or ".." in path.parts:
         raise Http404("That file is not there.")
-    return path
+    folder = job.folder_path().joinpath(*path.parts[:-1])
+    opened = files.open_written(folder, path.name) if files.inside(job.folder_path(), folder) else None
+    if opened is None:
+        raise Http404("That file is not there.")
+    return opened
 
 
 def removed_words(job: RenderJob) -> str:
@@ -80,18 +89,25 @@ class _Pipe:
         return out
 
 
+def _entry(name: str, source: BinaryIO) -> zipfile.ZipInfo:
+    """The archive's entry for an open file: its time, size and mode as the file has them, stored as it is."""
+    found = os.fstat(source.fileno())
+    entry = zipfile.ZipInfo(name, time.localtime(found.st_mtime)[:6])
+    entry.file_size, entry.external_attr = found.st_size, (found.st_mode & 0xFFFF) << 16
+    entry.compress_type = zipfile.ZIP_STORED
+    return entry
+
+
 def zip_stream(job: RenderJob, frames: list[RenderFrame]) -> Iterator[bytes]:
     """The frames as one ZIP, a block at a time; a frame whose file has gone is left out."""
     pipe = _Pipe()
     with zipfile.ZipFile(cast(IO[bytes], pipe), "w", zipfile.ZIP_STORED, allowZip64=True) as archive:
         for frame in frames:
             try:
-                path = inside_job(job, frame.output_path)
+                source = open_inside(job, frame.output_path)
             except Http404:
                 continue
-            entry = zipfile.ZipInfo.from_file(path, arcname=download_name(job, frame))
-            entry.compress_type = zipfile.ZIP_STORED
-            with path.open("rb") as source, archive.open(entry, mode="w") as target:
+            with source, archive.open(_entry(download_name(job, frame), source), mode="w") as target:
                 while block := source.read(BLOCK):
                     target.write(block)
                     yield pipe.take()

@@ -37,7 +37,7 @@ from sessions.render.models import RenderChunk, RenderFrame, RenderJob
 from sessions.runtime import blender
 from sessions.runtime.blender import RenderSettings
 from sessions.runtime.docker import DockerRuntime, RuntimeError_
-from sessions.runtime.render import RENDER_IMAGE, Probe, Scene, SceneUnreadable, probe
+from sessions.runtime.render import RENDER_IMAGE, Probe, Scene, SceneTooLarge, SceneUnreadable, probe
 from sessions.runtime.slices import spec_for
 
 log = logging.getLogger(__name__)
@@ -98,6 +98,7 @@ def render_settings(job: RenderJob, taken: Slice) -> RenderSettings:
         file_format=job.output_format,
         gpu=blender.cycles_gpu(taken.gpu.simulated),
         preview_pixels=0 if readable else min(settings.RENDER_THUMBNAIL_PIXELS, PREVIEW_MOST_PIXELS),
+        max_side=settings.RENDER_MAX_RESOLUTION,
     )
 
 
@@ -200,7 +201,7 @@ def estimate(job_id: int) -> RenderJob:
 def _probe(job: RenderJob, taken: Slice, watched: containers.Watched) -> Probe | Exception:
     output = job.folder_path() / PROBE
     try:
-        output.mkdir(exist_ok=True)  # never its parents: a job cancelled meanwhile has no folder left
+        output.mkdir(mode=0o700, exist_ok=True)  # never its parents: a job cancelled meanwhile has no folder left
         return probe(
             watched,
             spec_for(taken, RENDER_IMAGE, labels=containers.labels(job.pk)),
@@ -264,6 +265,11 @@ def _remember_formats(found: Probe | Exception | None) -> None:
 
 
 def _probe_failure(error: Exception) -> str:
+    if isinstance(error, SceneTooLarge):
+        return (
+            f"{error}; this portal renders at most {error.max_side} pixels on a side "
+            "(PORTAL_RENDER_MAX_RESOLUTION). Choose a lower resolution percentage, or lower the scene's resolution."
+        )
     if isinstance(error, SceneUnreadable):
         return f"{error}\n\n{error.excerpt}".strip()
     if isinstance(error, Refused):

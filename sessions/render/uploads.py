@@ -22,6 +22,7 @@ from django.contrib.auth.models import User
 from django.core.files.uploadedfile import UploadedFile
 from django.core.files.uploadhandler import FileUploadHandler, SkipFile, StopUpload
 
+from sessions.render.files import make_private
 from sessions.render.scenefile import size_words
 
 FIELD = "scene"  # the form field the scene comes in; any other file in the body is skipped
@@ -80,7 +81,7 @@ class Upload:
     def _create(self, target: Path) -> int:
         for _attempt in range(2):  # another upload's discard may remove the person's empty folder meanwhile
             try:
-                target.parent.mkdir(mode=0o750, parents=True, exist_ok=True)
+                make_private(target.parent)
                 return os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o640)
             except FileNotFoundError:
                 continue

@@ -265,8 +265,9 @@ def frame_thumbnail(request: PortalRequest, job_id: int, number: int) -> HttpRes
     job = access.render_job_for(request.user, job_id)
     if gone := _gone(job):
         return gone
-    path = results.inside_job(job, results.frame_of(job, number).thumbnail_path)
-    return FileResponse(path.open("rb"), content_type="image/jpeg")
+    return FileResponse(
+        results.open_inside(job, results.frame_of(job, number).thumbnail_path), content_type="image/jpeg"
+    )
 
 
 @login_required
@@ -277,8 +278,8 @@ def frame_download(request: PortalRequest, job_id: int, number: int) -> HttpResp
     if gone := _gone(job):
         return gone
     frame = results.frame_of(job, number)
-    path = results.inside_job(job, frame.output_path)
-    return FileResponse(path.open("rb"), as_attachment=True, filename=results.download_name(job, frame))
+    opened = results.open_inside(job, frame.output_path)
+    return FileResponse(opened, as_attachment=True, filename=results.download_name(job, frame))
 
 
 @login_required

@@ -31,11 +31,13 @@ PYTHON_FAILED = 3  # Blender's exit status when our Python raises (--python-exit
 # Runs inside Blender after the scene is loaded. It reads the options from the argument after "--",
 # prints the scene's facts first (before changing anything), then, for a render, sets Cycles up: no
 # denoising (Debian's build has no OpenImageDenoise, and a denoising scene fails), our samples and
-# resolution, and the first GPU backend with a device and kernels for it, else the CPU; it says which, and
-# why each backend it passed over was no use. It also says which of the portal's output formats this build
-# writes (a build without OpenEXR lacks that item), and, where asked (OpenEXR: Pillow cannot read it), has
-# Blender write a small display-ready PNG of each frame once the frame is saved, for its thumbnail: the
-# frame is loaded back and scaled as an image of its own, so the scene's output settings stay untouched.
+# resolution (a frame wider or taller than we allow is not rendered at all: it says so and raises, and
+# Blender exits, --python-exit-code, before its first frame), and the first GPU backend with a device and
+# kernels for it, else the CPU; it says which, and why each backend it passed over was no use. It also says
+# which of the portal's output formats this build writes (a build without OpenEXR lacks that item), and,
+# where asked (OpenEXR: Pillow cannot read it), has Blender write a small display-ready PNG of each frame
+# once the frame is saved, for its thumbnail: the frame is loaded back and scaled as an image of its own, so
+# the scene's output settings stay untouched.
 IN_BLENDER = r"""
 import glob, json, os, shutil, sys
 import bpy
@@ -110,6 +112,11 @@ if options["render"]:
         scene.cycles.samples = options["samples"]
     if options["percentage"]:
         scene.render.resolution_percentage = options["percentage"]
+    sides = (scene.render.resolution_x, scene.render.resolution_y)
+    size = [side * scene.render.resolution_percentage // 100 for side in sides]
+    if options["max_side"] and max(size) > options["max_side"]:
+        say("too_large", size)
+        raise RuntimeError("the frames would be %d x %d pixels: not rendered" % tuple(size))
     if options["only_frame"] is not None:
         frame = scene.frame_start if options["only_frame"] < 0 else options["only_frame"]
         scene.frame_start = scene.frame_end = frame
@@ -199,6 +206,7 @@ class RenderSettings:
     file_format: str = "PNG"
     gpu: tuple[str, ...] = ()
     preview_pixels: int = 0  # >0: a PNG of each frame this many pixels on its longest side (``preview_file``)
+    max_side: int = 0  # >0: frames wider or taller than this are not rendered (Blender exits first)
 
     def __post_init__(self) -> None:
         if self.file_format not in FORMATS:
@@ -209,6 +217,8 @@ class RenderSettings:
             raise ValueError("samples must lie between 1 and 16777216")
         if self.percentage is not None and not 1 <= self.percentage <= 100:
             raise ValueError("resolution percentage must lie between 1 and 100")
+        if self.max_side < 0:
+            raise ValueError("the largest side must not be negative")
 
 
 def cycles_gpu(simulated: bool) -> tuple[str, ...]:
@@ -228,6 +238,7 @@ def _options(mark: str, *, render: RenderSettings | None = None, only_frame: int
             "only_frame": only_frame,
             "formats": list(FORMATS),
             "preview": render.preview_pixels if render and only_frame is None else 0,
+            "max_side": render.max_side if render else 0,
             "preview_name": PREVIEW_NAME,
             "out": OUTPUT_DIR,
         }

@@ -3,14 +3,16 @@
 Pure (no Django, no Docker). ``BlenderLog.feed`` takes one line at a time as the container prints it and
 returns what the line means, if anything; the log keeps what a job needs afterwards (saved frames, each
 frame's timing, the scripts Blender refused to run, an excerpt that explains a failure). Scene facts come
-from our own Python's marked line and are checked here: a file's contents are untrusted.
+from our own Python's marked line and are checked here: a file's contents are untrusted. What a run prints
+is not bounded, so what the log keeps is: at most ``most_kept`` of each kind of thing, each line cut to
+``LONGEST_KEPT`` characters.
 """
 
 from __future__ import annotations
 
 import json
 import re
-from collections import deque
+from collections import Counter, deque
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,6 +33,12 @@ _SKIPPED_DRIVER = re.compile(r"^Error in PyDriver: expression failed: (?P<name>.
 CONTEXT_LINES = 3
 CLOCK = 0.01  # Blender prints times to the hundredth of a second
 EXCERPT_LINES = 20
+MOST_KEPT = 1000  # of each: errors, refused scripts, saved frames, frames timed, marked lines, excerpt lines
+LONGEST_KEPT = 2000  # characters of a line kept
+
+
+def _cut(line: str) -> str:
+    return line if len(line) <= LONGEST_KEPT else line[: LONGEST_KEPT - 1] + "…"
 
 
 def seconds(text: str) -> float | None:
@@ -104,10 +112,12 @@ class FrameTiming:
 
 @dataclass
 class BlenderLog:
-    """Blender's output, read line by line. ``mark`` is the run's mark (``blender.new_mark``)."""
+    """Blender's output, read line by line. ``mark`` is the run's mark (``blender.new_mark``); ``most_kept``
+    bounds each list kept (the first ones stay; of the excerpt, the last ones)."""
 
     mark: str | None = None
     tail_lines: int = 40
+    most_kept: int = MOST_KEPT
     current: Progress | None = None
     saved: list[FrameSaved] = field(default_factory=list)
     timings: dict[int, FrameTiming] = field(default_factory=dict)
@@ -115,17 +125,23 @@ class BlenderLog:
     skipped_scripts: list[str] = field(default_factory=list)
     marked: list[Marked] = field(default_factory=list)
     tail: deque[str] = field(init=False)
-    _excerpt: list[str] = field(default_factory=list, init=False)
+    _excerpt: deque[str] = field(init=False)
+    _marked_count: Counter[str] = field(default_factory=Counter, init=False)
 
     def __post_init__(self) -> None:
         self.tail = deque(maxlen=self.tail_lines)
+        self._excerpt = deque(maxlen=self.most_kept)
 
     def feed(self, line: str) -> Event | None:
-        line = line.rstrip("\r\n")
+        line = _cut(line.rstrip("\r\n"))
         event = self._marked(line) or self._event(line)
         if not isinstance(event, Marked):
             self._keep(line, isinstance(event, BlenderError))
         return event
+
+    def _add(self, kept: list[Any], item: object) -> None:
+        if len(kept) < self.most_kept:
+            kept.append(item)
 
     def _marked(self, line: str) -> Marked | None:
         if not self.mark or not line.startswith(f"{self.mark} "):
@@ -136,7 +152,8 @@ class BlenderLog:
         except ValueError:
             value = None
         found = Marked(kind, value)
-        self.marked.append(found)
+        self._marked_count[kind] += 1
+        self._add(self.marked, found)
         return found
 
     def _event(self, line: str) -> Event | None:
@@ -145,16 +162,16 @@ class BlenderLog:
         if saved := _SAVED.match(line):
             frame = self.current.frame if self.current else None
             found = FrameSaved(frame, saved["path"])
-            self.saved.append(found)
+            self._add(self.saved, found)
             return found
         if (took := _FRAME_TIME.match(line)) and self.current:
             self._timing(self.current.frame).total = seconds(took["time"])
             return None
         if _ERROR.match(line):
-            self.errors.append(line)
+            self._add(self.errors, line)
             return BlenderError(line)
         if skipped := _SKIPPED_TEXT.match(line) or _SKIPPED_DRIVER.match(line):
-            self.skipped_scripts.append(skipped["name"])
+            self._add(self.skipped_scripts, skipped["name"])
         return None
 
     def _progress(self, frame: int, line: str) -> Progress:
@@ -178,20 +195,24 @@ class BlenderLog:
         return progress
 
     def _timing(self, frame: int) -> FrameTiming:
+        """The frame's timing; past ``most_kept`` frames, a new frame's is timed and not kept."""
+        if frame not in self.timings and len(self.timings) >= self.most_kept:
+            return FrameTiming(frame)
         return self.timings.setdefault(frame, FrameTiming(frame))
 
     def _keep(self, line: str, is_error: bool) -> None:
         """The tail, and the excerpt: each error with the lines just before it, once."""
         if is_error:
+            recent = list(self._excerpt)[-CONTEXT_LINES - 1 :]
             for before in list(self.tail)[-CONTEXT_LINES:]:
-                if before not in self._excerpt[-CONTEXT_LINES - 1 :]:
+                if before not in recent:
                     self._excerpt.append(before)
             self._excerpt.append(line)
         self.tail.append(line)
 
     def excerpt(self, lines: int = EXCERPT_LINES) -> str:
         """The lines that explain a failure: Blender's errors with their context, else the last lines."""
-        chosen = self._excerpt if self._excerpt else list(self.tail)
+        chosen = list(self._excerpt) if self._excerpt else list(self.tail)
         return "\n".join(chosen[-lines:])
 
     def last(self, kind: str) -> Marked | None:
@@ -199,8 +220,9 @@ class BlenderLog:
         return found[-1] if found else None
 
     def only(self, kind: str) -> Marked:
-        """The one marked line of this kind; ValueError if there is none or more than one."""
+        """The one marked line of this kind; ValueError if there is none or more than one (counted even
+        past ``most_kept``)."""
         found = [item for item in self.marked if item.kind == kind]
-        if len(found) != 1:
-            raise ValueError(f"Blender printed {len(found)} '{kind}' lines, not one")
+        if self._marked_count[kind] != 1 or len(found) != 1:
+            raise ValueError(f"Blender printed {self._marked_count[kind]} '{kind}' lines, not one")
         return found[0]

@@ -20,7 +20,7 @@ from docker.types import IPAMConfig, IPAMPool
 from sessions.gpus.models import Slice
 from sessions.runtime.network import UserNetwork
 from sessions.runtime.slices import spec_for
-from sessions.runtime.spec import INSTANCE_LABEL, LABEL_PREFIX, ContainerSpec
+from sessions.runtime.spec import HARDENING, INSTANCE_LABEL, LABEL_PREFIX, ContainerSpec
 from sessions.runtime.times import engine_time
 
 
@@ -65,13 +65,14 @@ class DockerRuntime:
         except DockerException as error:
             raise RuntimeError_(f"cannot reach the Docker engine: {error}") from None
         self._host_cpus: int | None = None
+        self._host_memory: int | None = None
 
     def start_for_slice(
         self, taken: Slice, image: str, *, labels: dict[str, str] | None = None, **overrides: Any
     ) -> str:
         """Create and start a container on the slice (no network: batch work); returns its id."""
         try:
-            spec = spec_for(taken, image, labels=labels, host_cpus=self.host_cpus())
+            spec = self.within_host(spec_for(taken, image, labels=labels))
             options = container_options(spec, **overrides)
             container = self.client.containers.create(**options)
             container.start()
@@ -82,16 +83,51 @@ class DockerRuntime:
     def start(self, spec: ContainerSpec, command: list[str], **overrides: Any) -> str:
         """Create and start a container of the spec (its CPUs cut to the host's) running ``command``;
         returns its id. If it cannot start, no container is left behind."""
-        options = container_options(spec.with_cpus_at_most(self.host_cpus()), command=command, **overrides)
-        created = None
+        container_id = self.create(spec, command, **overrides)
+        self.start_created(container_id, spec.image)
+        return container_id
+
+    def create(self, spec: ContainerSpec, command: list[str], **overrides: Any) -> str:
+        """Create, not start, a container of the spec (its CPUs cut to the host's) running ``command``."""
+        options = container_options(self.within_host(spec), command=command, **overrides)
         try:
-            created = self.client.containers.create(**options)
-            created.start()
+            return str(self.client.containers.create(**options).id)
         except DockerException as error:
-            if created is not None:
-                self.remove(str(created.id))
             raise RuntimeError_(f"starting a container of {spec.image} failed: {error}") from None
-        return str(created.id)
+
+    def start_created(self, container_id: str, image: str) -> None:
+        """Start a created container; if it cannot start, it is removed."""
+        try:
+            self.client.containers.get(container_id).start()
+        except DockerException as error:
+            self.remove(container_id)
+            raise RuntimeError_(f"starting a container of {image} failed: {error}") from None
+
+    def run_briefly(self, image: str, command: list[str], user: str, volumes: dict[str, dict[str, str]]) -> int:
+        """Run a short chore of ours in a container of this portal with no network, no device, no capability,
+        a read-only root and only ``volumes`` mounted; its exit status once it ended (it is then removed)."""
+        options = {
+            "image": image,
+            "command": command,
+            "user": user,
+            "volumes": volumes,
+            "labels": {INSTANCE_LABEL: settings.INSTANCE_ID, f"{LABEL_PREFIX}.chore": "1"},
+            "network_mode": "none",
+            "read_only": True,
+            "pids_limit": 64,
+            "mem_limit": 256 * 1024**2,
+            **{key: list(value) for key, value in HARDENING.items()},
+        }
+        container_id = None
+        try:
+            container_id = str(self.client.containers.create(**options).id)
+            self.client.containers.get(container_id).start()
+            return self.wait(container_id, timeout=120)
+        except (DockerException, OSError) as error:  # the SDK's timeouts are OSErrors
+            raise RuntimeError_(f"running {command[0]} in a container of {image} failed: {error}") from None
+        finally:
+            if container_id is not None:
+                self.remove(container_id)
 
     def output_lines(self, container_id: str, longest: int = 64 * 1024) -> Iterator[str]:
         """What a container prints, stdout and stderr as they interleave, line by line as it comes, until
@@ -137,6 +173,16 @@ class DockerRuntime:
         if self._host_cpus is None:
             self._host_cpus = int(self.client.info()["NCPU"])
         return self._host_cpus
+
+    def host_memory(self) -> int:
+        """Bytes of memory of the engine's host: no container may be given more than its share of them."""
+        if self._host_memory is None:
+            self._host_memory = int(self.client.info()["MemTotal"])
+        return self._host_memory
+
+    def within_host(self, spec: ContainerSpec) -> ContainerSpec:
+        """The spec with its CPUs and memory cut to what this engine's host has."""
+        return spec.within_host(self.host_cpus(), self.host_memory())
 
     def wait(self, container_id: str, timeout: float = 60) -> int:
         result = self.client.containers.get(container_id).wait(timeout=timeout)

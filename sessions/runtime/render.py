@@ -2,15 +2,16 @@
 
 The sandbox is the slice's container spec (its GPU device request, CPU/memory/process limits, no network,
 no capabilities, no privilege gain) plus: a read-only root, the scene folder mounted read-only at /scene,
-one output folder at /out the only writable place (and a small tmpfs /tmp), a non-root user, a
-wall-time limit past which the container is killed, and a bound on what its output folder may hold (a
-watchdog counts it a few times a second and kills the container past it: /out is a host folder, and a
-hostile scene must not fill the host's disk). Every container is removed when its run ends.
-Blender runs with the file's scripts disabled and factory settings (``sessions.runtime.blender``).
-"""
+one output folder at /out the only writable place (and a small tmpfs /tmp), the image's own unprivileged
+user whoever runs the portal, a wall-time limit past which the container is killed, and a bound on what
+its output folder may hold (a watchdog counts it a few times a second and kills the container past it:
+/out is a host folder, and a hostile scene must not fill the host's disk). Every container is removed when
+its run ends. Blender runs with the file's scripts disabled and factory settings
+(``sessions.runtime.blender``)."""
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import time
@@ -22,12 +23,13 @@ from typing import Any
 
 from sessions.runtime import blender
 from sessions.runtime.blender import RenderSettings
-from sessions.runtime.blender_log import CLOCK, BlenderLog, Event, FrameTiming
-from sessions.runtime.docker import DockerRuntime
+from sessions.runtime.blender_log import CLOCK, MOST_KEPT, BlenderLog, Event, FrameTiming
+from sessions.runtime.docker import DockerRuntime, RuntimeError_
 from sessions.runtime.scene_facts import SceneFacts
 from sessions.runtime.spec import LABEL_PREFIX, ContainerSpec
 from sessions.runtime.watchdogs import Watchdogs, size_words
 
+log = logging.getLogger(__name__)
 RENDER_IMAGE = "gpu-portal/render:latest"  # built by compose/bin/build-render-image
 RENDER_UID = 10000  # the image's `render` user (compose/images/render/Dockerfile)
 TMP = "/tmp"  # noqa: S108 (the container's own: a small tmpfs, gone with it)
@@ -47,6 +49,18 @@ class SceneUnreadable(Exception):
         super().__init__(message)
         self.excerpt = excerpt
         self.formats = formats
+
+
+class SceneTooLarge(SceneUnreadable):
+    """The scene's frames would be wider or taller than the render may make them (``RenderSettings.max_side``):
+    nothing was rendered."""
+
+    def __init__(self, scene: str, size: tuple[int, int], percentage: int, max_side: int) -> None:
+        width, height = size
+        super().__init__(
+            f"{scene} would render frames of {width} × {height} pixels (its resolution at {percentage} %)", ""
+        )
+        self.size, self.max_side = size, max_side
 
 
 @dataclass(frozen=True)
@@ -73,27 +87,48 @@ class Scene:
 
 
 def container_user() -> str:
-    """Who Blender runs as: the image's `render` user where the portal runs as root, else the portal's own
-    user (never root either way)."""
-    uid = os.geteuid()
-    return f"{RENDER_UID}:{RENDER_UID}" if uid == 0 else f"{uid}:{os.getegid()}"
+    """Who Blender runs as: the image's `render` user, whoever runs the portal (never root, and never the
+    portal's own user: nothing the sandbox writes is the portal's)."""
+    return f"{RENDER_UID}:{RENDER_UID}"
 
 
 def hand_over(scene_folder: Path, output: Path | None) -> None:
-    """Let the container's user read the scene and write the output folder (only needed as root: otherwise
-    it is the portal's own user). The scene's files join the `render` group, readable, never writable."""
-    if os.geteuid() != 0:
-        return
+    """Let the sandbox's user read the scene, never write it, and write the output folder. As root, the
+    scene's files join the `render` group and the output folder is the `render` user's. A portal that is not
+    root cannot give its files away: the scene becomes readable by others and the output folder writable by
+    others, which reaches the sandbox alone: both lie in the job's folder, the portal's user's alone (0700),
+    and the sandbox reaches them through its mounts, whatever the folders above them allow."""
+    root = os.geteuid() == 0
     if output is not None:
-        os.chown(output, RENDER_UID, RENDER_UID)
-        output.chmod(0o700)
+        if root:
+            os.chown(output, RENDER_UID, RENDER_UID)
+        output.chmod(0o700 if root else 0o777)
+    readable, searchable = (0o040, 0o010) if root else (0o004, 0o001)
     for folder, _, files in os.walk(scene_folder):
         for path in [Path(folder), *(Path(folder) / name for name in files)]:
             if path.is_symlink():
                 continue
             mode = path.stat().st_mode
-            os.chown(path, -1, RENDER_UID, follow_symlinks=False)
-            path.chmod((mode | 0o040 | (0o010 if path.is_dir() else 0)) & ~0o020)
+            if root:
+                os.chown(path, -1, RENDER_UID, follow_symlinks=False)
+            path.chmod((mode | readable | (searchable if path.is_dir() else 0)) & ~0o022)
+
+
+def give_back(runtime: DockerRuntime, image: str, output: Path | None) -> None:
+    """After a run, as a portal that is not root: what the sandbox wrote is its user's, and a folder it made
+    the portal could neither empty nor remove. Where it made one (Blender makes none), a short container of
+    that same user, with no network and nothing but the output folder mounted, opens the output folder's
+    contents up to others (inside the job's private folder, that is the portal)."""
+    if output is None or os.geteuid() == 0:
+        return
+    with os.scandir(output) as entries:
+        if not any(entry.is_dir(follow_symlinks=False) for entry in entries):
+            return
+    volumes = {str(output.resolve()): {"bind": blender.OUTPUT_DIR, "mode": "rw"}}
+    try:
+        runtime.run_briefly(image, ["chmod", "-R", "a+rwX", blender.OUTPUT_DIR], container_user(), volumes)
+    except RuntimeError_ as error:  # the run's own outcome stands; what cannot be removed later is logged then
+        log.warning("could not open up %s after its run: %s", output, error)
 
 
 def sandbox_options(scene_folder: Path, output: Path | None) -> dict[str, Any]:
@@ -167,6 +202,7 @@ def run_sandboxed(
     finally:
         watchdogs.stop()
         runtime.remove(container_id)
+        give_back(runtime, spec.image, output)
     return Exit(
         state.exit_code,
         watchdogs.timed_out.is_set(),
@@ -208,17 +244,20 @@ class RenderResult:
         """The portal's output formats this Blender build writes, as it said; None if it did not say."""
         return _writes(self.log)
 
-    def preview(self, output: Path, frame: int) -> Path | None:
-        """The small PNG Blender wrote of a saved frame (``RenderSettings.preview_pixels``), if it said so and
-        it is a file of its own there (a link is never followed)."""
-        said = any(item.kind == "preview" and item.value == frame for item in self.log.marked)
-        path = output / blender.preview_file(frame)
-        return path if said and not path.is_symlink() and path.is_file() else None
+    def said_preview(self, frame: int) -> bool:
+        """Whether Blender said it wrote its small PNG of a saved frame (``RenderSettings.preview_pixels``), as
+        ``blender.preview_file(frame)`` in the output folder: the caller opens it as a file the sandbox wrote."""
+        return any(item.kind == "preview" and item.value == frame for item in self.log.marked)
 
 
 def threads_for(spec: ContainerSpec, runtime: DockerRuntime) -> int:
     """Cycles' threads: the slice's CPUs (left alone, it would start one per host core and be throttled)."""
-    return max(1, math.ceil(spec.with_cpus_at_most(runtime.host_cpus()).limits.cpus))
+    return max(1, math.ceil(runtime.within_host(spec).limits.cpus))
+
+
+def memory_of(spec: ContainerSpec, runtime: DockerRuntime) -> int:
+    """The memory the container is given: its slice's share, cut to what its host can give."""
+    return runtime.within_host(spec).limits.memory_bytes
 
 
 def _saved_frames(log: BlenderLog, output: Path, frames: tuple[int, ...], file_format: str) -> dict[int, Path]:
@@ -275,7 +314,7 @@ def render(
     """Render frames of a scene into ``output`` on the spec's slice; fails (``failure`` in words, the log's
     excerpt) unless Blender exited cleanly and every frame's file is there."""
     mark = blender.new_mark()
-    log = BlenderLog(mark)
+    log = BlenderLog(mark, most_kept=MOST_KEPT + 2 * len(frames))  # each frame's saved and preview lines kept
     command = blender.render_command(scene.blend, frames, settings, mark, threads_for(spec, runtime))
     ended = run_sandboxed(
         runtime,
@@ -290,7 +329,7 @@ def render(
         output_limit=output_limit,
     )
     saved = _saved_frames(log, output, frames, settings.file_format)
-    failure = _failure(ended, log, settings, wall_time_s, spec.limits.memory_bytes)
+    failure = _failure(ended, log, settings, wall_time_s, memory_of(spec, runtime))
     if failure is None and len(saved) < len(frames):
         failure = _explained(f"{len(frames) - len(saved)} of {len(frames)} frames were not saved", log)
     return RenderResult(ended, frames, saved, log, failure, _device(log))
@@ -325,7 +364,7 @@ def read_scene(runtime: DockerRuntime, spec: ContainerSpec, scene: Scene, *, wal
         purpose="facts",
         on_line=log.feed,
     )
-    facts = _facts(log, scene, ended, wall_time_s, spec.limits.memory_bytes)
+    facts = _facts(log, scene, ended, wall_time_s, memory_of(spec, runtime))
     if ended.exit_code:
         raise SceneUnreadable(f"Blender could not read {scene.name}: exit status {ended.exit_code}", log.excerpt())
     return facts
@@ -376,7 +415,7 @@ def probe(
     job's other settings; SceneUnreadable, with Blender's own words, if it cannot."""
     mark = blender.new_mark()
     log = BlenderLog(mark)
-    low = RenderSettings(samples, settings.percentage, settings.file_format, settings.gpu)
+    low = RenderSettings(samples, settings.percentage, settings.file_format, settings.gpu, max_side=settings.max_side)
     command = blender.probe_command(scene.blend, low, mark, threads_for(spec, runtime), frame)
     ended = run_sandboxed(
         runtime,
@@ -389,10 +428,13 @@ def probe(
         on_line=log.feed,
         output_limit=output_limit,
     )
-    facts = _facts(log, scene, ended, wall_time_s, spec.limits.memory_bytes)
+    facts = _facts(log, scene, ended, wall_time_s, memory_of(spec, runtime))
+    size = facts.size_at(low.percentage)
+    if low.max_side and max(size) > low.max_side:
+        raise SceneTooLarge(scene.name, size, low.percentage or facts.resolution_percentage, low.max_side)
     rendered = facts.frame_start if frame is None else frame
     saved = _saved_frames(log, output, (rendered,), low.file_format)
-    failure = _failure(ended, log, low, wall_time_s, spec.limits.memory_bytes)
+    failure = _failure(ended, log, low, wall_time_s, memory_of(spec, runtime))
     if failure is None and not saved:
         failure = "the frame was not saved"
     result = RenderResult(ended, (rendered,), saved, log, failure, _device(log))

@@ -66,6 +66,12 @@ class SceneFacts:
         scale = self.resolution_percentage / 100
         return max(1, int(self.resolution_x * scale)), max(1, int(self.resolution_y * scale))
 
+    def size_at(self, percentage: int | None) -> tuple[int, int]:
+        """The frame's pixels as Blender renders it at ``percentage`` (None: the scene's own): each side times
+        the percentage, rounded down."""
+        scale = self.resolution_percentage if percentage is None else percentage
+        return self.resolution_x * scale // 100, self.resolution_y * scale // 100
+
     @classmethod
     def from_json(cls, data: Any, expected_file: str) -> SceneFacts:
         """The facts of the file Blender was asked to read; SceneFactsError if they are not that."""

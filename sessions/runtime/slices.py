@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from django.conf import settings
 
 from sessions.gpus.models import Slice
-from sessions.runtime.spec import INSTANCE_LABEL, LABEL_PREFIX, NO_NETWORK, ContainerSpec, Limits, limits
+from sessions.runtime.spec import INSTANCE_LABEL, LABEL_PREFIX, NO_NETWORK, ContainerSpec, Limits, LogLimits, limits
 
 
 def limits_for(taken: Slice, host_cpus: int | None = None) -> Limits:
@@ -52,4 +52,5 @@ def spec_for(
         limits=limits_for(taken, host_cpus),
         labels=labels_for(taken, labels),
         network=network,
+        logs=LogLimits(settings.CONTAINER_LOG_MAX_BYTES, settings.CONTAINER_LOG_FILES),
     )

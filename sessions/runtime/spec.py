@@ -26,6 +26,9 @@ HARDENING: dict[str, list[str]] = {
 NO_IPV6 = {"net.ipv6.conf.all.disable_ipv6": "1", "net.ipv6.conf.default.disable_ipv6": "1"}
 HOST_NETWORK = "host"
 NO_NETWORK = "none"  # render jobs and other batch work: an uploaded scene is hostile
+# The most of its host's memory one container may be given, whatever its slice's share: the rest stays for the
+# host (the engine, the portal, its database), which a container at the host's whole memory would starve.
+HOST_MEMORY_SHARE = (3, 4)
 
 
 @dataclass(frozen=True)
@@ -34,9 +37,26 @@ class Limits:
     memory_bytes: int
     pids: int
 
-    def at_most(self, host_cpus: int | None) -> Limits:
-        """No container may ask for more CPUs than its host has."""
-        return self if not host_cpus else replace(self, cpus=min(self.cpus, float(host_cpus)))
+    def at_most(self, host_cpus: int | None, host_memory_bytes: int | None = None) -> Limits:
+        """No container may ask for more CPUs than its host has, nor more memory than ``HOST_MEMORY_SHARE`` of
+        the host's."""
+        found = self if not host_cpus else replace(self, cpus=min(self.cpus, float(host_cpus)))
+        if host_memory_bytes:
+            share, whole = HOST_MEMORY_SHARE
+            found = replace(found, memory_bytes=min(found.memory_bytes, host_memory_bytes * share // whole))
+        return found
+
+
+@dataclass(frozen=True)
+class LogLimits:
+    """What a container's output may take on the host's disk: the engine's json-file log, rotated at
+    ``max_bytes`` and ``files`` files kept (the oldest dropped)."""
+
+    max_bytes: int = 10 * 1024**2
+    files: int = 3
+
+    def log_config(self) -> dict[str, Any]:
+        return {"type": "json-file", "config": {"max-size": str(self.max_bytes), "max-file": str(self.files)}}
 
 
 def limits(
@@ -55,6 +75,7 @@ class ContainerSpec:
     limits: Limits
     labels: Mapping[str, str] = field(default_factory=dict)
     network: str = NO_NETWORK
+    logs: LogLimits = LogLimits()
 
     @property
     def bridged(self) -> bool:
@@ -70,6 +91,7 @@ class ContainerSpec:
             "pids_limit": self.limits.pids,
             **{key: list(value) for key, value in HARDENING.items()},
             "network_mode": self.network,
+            "log_config": self.logs.log_config(),
             # Removed by whoever started it, never by the engine on exit: the moment it died is read first (billing).
             "auto_remove": False,
         }
@@ -77,8 +99,9 @@ class ContainerSpec:
             config["sysctls"] = dict(NO_IPV6)
         return config
 
-    def with_cpus_at_most(self, host_cpus: int | None) -> ContainerSpec:
-        return replace(self, limits=self.limits.at_most(host_cpus))
+    def within_host(self, host_cpus: int | None, host_memory_bytes: int | None = None) -> ContainerSpec:
+        """The spec with its limits cut to what its host has (``Limits.at_most``)."""
+        return replace(self, limits=self.limits.at_most(host_cpus, host_memory_bytes))
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -89,6 +112,8 @@ class ContainerSpec:
             "pids": self.limits.pids,
             "labels": dict(self.labels),
             "network": self.network,
+            "log_max_bytes": self.logs.max_bytes,
+            "log_files": self.logs.files,
         }
 
     @classmethod
@@ -103,4 +128,5 @@ class ContainerSpec:
             limits=Limits(cpus=float(data["cpus"]), memory_bytes=int(data["mem_bytes"]), pids=int(data["pids"])),
             labels={str(k): v for k, v in labels.items()},
             network=str(data["network"]),
+            logs=LogLimits(max_bytes=int(data["log_max_bytes"]), files=int(data["log_files"])),
         )

@@ -50,7 +50,7 @@ def test_a_session_runs_jupyterlab_on_its_own_slice_and_stops_cleanly(
     # The spawner applied the portal's container spec, as the Docker adapter applies it to batch work.
     attrs = runtime.client.containers.get(container_id).attrs
     spec = spec_for(session.slice, notebook_image.image, network=settings.USER_NETWORK.name)
-    limits = spec.with_cpus_at_most(os.cpu_count()).limits
+    limits = spec.within_host(os.cpu_count(), os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")).limits
     host = attrs["HostConfig"]
     assert (host["NanoCpus"], host["Memory"], host["PidsLimit"]) == (
         int(limits.cpus * 1e9),
@@ -58,6 +58,8 @@ def test_a_session_runs_jupyterlab_on_its_own_slice_and_stops_cleanly(
         limits.pids,
     )
     assert host["SecurityOpt"] == ["no-new-privileges:true"] and host["CapDrop"] == ["ALL"]
+    rotated = {"max-size": str(settings.CONTAINER_LOG_MAX_BYTES), "max-file": str(settings.CONTAINER_LOG_FILES)}
+    assert host["LogConfig"] == {"Type": "json-file", "Config": rotated}, "its log on the host's disk is bounded"
     assert host["Sysctls"] == NO_IPV6 and host["AutoRemove"] is False
     assert host["DeviceRequests"][0]["DeviceIDs"] == [session.slice.device_uuid]
     labels = attrs["Config"]["Labels"]

@@ -8,6 +8,8 @@ Import the fixtures into a test module by name (``from tests.render.stack import
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import json
 import math
 import secrets
 import shutil
@@ -25,11 +27,14 @@ from django.db.models import Sum
 
 from billing.models import Account, ChargedMinute, Entry, LedgerTransaction, Usage
 from portal.celery import app, render_queue
+from sessions.gpus.allocator import SliceRequest, allocate
 from sessions.gpus.backends import get_backend
-from sessions.gpus.holders import HolderKind
+from sessions.gpus.holders import Holder, HolderKind
 from sessions.gpus.models import Slice
-from sessions.render.models import RenderJob
+from sessions.render import services
+from sessions.render.models import RenderChunk, RenderFrame, RenderJob
 from sessions.runtime.render import RENDER_IMAGE
+from sessions.runtime.scene_facts import SceneFacts
 from sessions.runtime.spec import INSTANCE_LABEL
 from tests.conftest import ARTIFACTS, RUN_ID
 from tests.gpus.conftest import use_fleet
@@ -62,6 +67,8 @@ SLOW_SCENE = (
 )
 # A large frame: even the probe's 4 samples take half a minute, long enough to cancel the job while it runs.
 BIG_SCENE = SMALL_SCENE.replace("64, 48, 100", "4000, 3000, 100").replace("small.blend", "big.blend")
+# Wider than the portal renders (PORTAL_RENDER_MAX_RESOLUTION, 16384 by default), and quick to render.
+WIDE_SCENE = SMALL_SCENE.replace("64, 48, 100", "20000, 16, 100").replace("small.blend", "wide.blend")
 # No camera: Blender reads the file, then refuses to render any frame of it.
 NO_CAMERA_SCENE = SMALL_SCENE.replace(
     'cube = bpy.data.objects["Cube"]',
@@ -151,7 +158,7 @@ def once(key: str, make: Callable[[], contextlib.AbstractContextManager[Any]]) -
 @contextlib.contextmanager
 def scene_folder() -> Iterator[Path]:
     with own_folder("render-scenes") as folder:
-        for script in (SMALL_SCENE, SLOW_SCENE, NO_CAMERA_SCENE, HOSTILE_SCENE, BIG_SCENE):
+        for script in (SMALL_SCENE, SLOW_SCENE, NO_CAMERA_SCENE, HOSTILE_SCENE, BIG_SCENE, WIDE_SCENE):
             blender_in_image(folder, script)
         (folder / "unreadable.blend").write_bytes(b"BLENDER-v304" + secrets.token_bytes(4096))
         yield folder
@@ -254,6 +261,35 @@ def make_job(owner: User, scene: Path, frames: list[int], state: str, **fields: 
     shutil.copy(scene, job.scene_path() / "scene.blend")
     job.save(force_insert=True)
     return job
+
+
+def with_estimate(job: RenderJob, width: int, height: int) -> None:
+    """The estimate a probe of a ``width`` x ``height`` scene (at 100 %) would have written for the job: what a
+    job made straight at ``queued`` lacks, and its chunks read the size of its frames from."""
+    facts = SceneFacts("Scene", 1, 1, 3, 1, 24.0, width, height, 100, "CYCLES", True, 4, "PNG", (3, 4, 1))
+    found = services.Estimate(
+        facts={**dataclasses.asdict(facts), "version": list(facts.version)},
+        device="CPU",
+        probe_samples=4,
+        seconds_per_frame=1.0,
+        overhead_s=1.0,
+        frames=job.frame_count,
+        chunks=1,
+        slices=1,
+        total_seconds=1.0,
+        cost="",
+    )
+    (job.folder_path() / services.ESTIMATE_FILE).write_text(json.dumps(dataclasses.asdict(found)))
+
+
+def queued_as_one_chunk(owner: User, scene: Path, frames: list[int], size: tuple[int, int]) -> tuple[RenderJob, Slice]:
+    """A job queued as one chunk of ``frames``, estimated at ``size``, holding a slice for its worker (which a
+    test then runs itself: ``chunks.work_on_slice``)."""
+    job = make_job(owner, scene, frames, RenderJob.State.QUEUED, chunk_size=len(frames))
+    with_estimate(job, *size)
+    RenderFrame.objects.bulk_create([RenderFrame(job=job, number=n) for n in frames])
+    RenderChunk.objects.create(job=job, index=0, frames=frames)
+    return job, allocate(owner, SliceRequest("mig", "1g.18gb", "H200"), holder=Holder.render(job.pk))
 
 
 def wait_for(check: Callable[[], object], timeout: float, what: str) -> object:

@@ -59,12 +59,32 @@ def test_a_frame_row_naming_a_file_outside_the_job_folder_is_not_served(alice: U
     (render_dir / "secret.txt").write_text("not a frame")
     RenderFrame.objects.filter(job=job, number=1).update(output_path="../../secret.txt")
     with pytest.raises(Http404):
-        results.inside_job(job, "../../secret.txt")
+        results.open_inside(job, "../../secret.txt")
     client = Client()
     client.force_login(alice)
     assert client.get(reverse("render-frame-download", args=[job.pk, 1])).status_code == 404
     with zipfile.ZipFile(io.BytesIO(client.get(reverse("render-frames-zip", args=[job.pk])).getvalue())) as opened:
         assert opened.namelist() == []
+
+
+def test_a_frame_or_thumbnail_swapped_for_a_link_is_not_served_even_one_to_a_file_of_the_job(
+    alice: User, render_dir: Path
+) -> None:
+    """A run still going may swap its frames for links (its output folder is the sandbox's): a file is served
+    only as a file of its own, opened without following a link, so no swap can make it read anything else."""
+    job = finished_job(alice, {1: PNG_SIGNATURE + b"one", 2: PNG_SIGNATURE + b"two"})
+    (job.folder_path() / "frames" / "0001.png").unlink()
+    (job.folder_path() / "frames" / "0001.png").symlink_to("0002.png")
+    (job.folder_path() / "thumbnails").mkdir()
+    (job.folder_path() / "thumbnails" / "0002.jpg").symlink_to("../frames/0002.png")
+    RenderFrame.objects.filter(job=job, number=2).update(thumbnail_path="thumbnails/0002.jpg")
+    client = Client()
+    client.force_login(alice)
+    assert client.get(reverse("render-frame-download", args=[job.pk, 1])).status_code == 404
+    assert client.get(reverse("render-frame-thumbnail", args=[job.pk, 2])).status_code == 404
+    assert b"".join(client.get(reverse("render-frame-download", args=[job.pk, 2]))) == PNG_SIGNATURE + b"two"
+    with zipfile.ZipFile(io.BytesIO(client.get(reverse("render-frames-zip", args=[job.pk])).getvalue())) as opened:
+        assert opened.namelist() == [f"job{job.pk}-frame0002.png"]
 
 
 def test_a_frame_is_served_privately_and_one_unfinished_or_without_thumbnail_is_404(

@@ -3,6 +3,7 @@ nothing left on disk, including one stopped while it streams."""
 
 from __future__ import annotations
 
+import stat
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -58,6 +59,14 @@ def test_a_blend_becomes_a_checked_job_in_its_owners_folder(
     text = page.get(response["Location"]).content.decode()
     assert ">Estimating</span>" in text
     assert 'data-testid="estimating"' in text and 'hx-trigger="every 2s"' in text  # it polls for the estimate
+
+
+def test_a_jobs_folder_and_its_owners_are_for_the_portals_user_alone(post_scene: PostScene, render_dir: Path) -> None:
+    """Nobody else on the host lists or reads them (the render sandbox reaches the scene through its mount)."""
+    assert post_scene("a.zip", scenes.zip_of(("shots/a.blend", scenes.blend()))).status_code == 302
+    job = RenderJob.objects.get()
+    for folder in (job.folder_path().parent, job.folder_path()):
+        assert stat.S_IMODE(folder.stat().st_mode) == 0o700, f"{folder.relative_to(render_dir)}: {folder.stat()}"
 
 
 def test_a_zip_is_unpacked_beside_its_assets_and_the_archive_removed(post_scene: PostScene, render_dir: Path) -> None:
@@ -237,6 +246,9 @@ def test_someone_outside_users_is_refused_before_the_body_is_read(render_dir: Pa
         ({"resolution_percent": "0"}, "resolution_percent", "greater than or equal to 1"),
         ({"max_slices": "99"}, "max_slices", "at most 4 slices at once"),
         ({"output_format": "JPEG"}, "output_format", "Select a valid choice"),
+        # Past PostgreSQL's integer it was a 500; past a job's frames it means nothing.
+        ({"chunk_size": "99999999999999"}, "chunk_size", "A chunk holds at most 10,000 frames"),
+        ({"chunk_size": "10001"}, "chunk_size", "A chunk holds at most 10,000 frames"),
     ],
 )
 def test_a_bad_setting_is_refused_on_the_form_and_the_upload_removed(

@@ -82,7 +82,7 @@ def test_a_render_writes_only_to_the_output_folder_with_the_slices_threads_and_r
 
 
 def test_the_render_options_reach_blender_as_json_after_the_double_dash() -> None:
-    settings = RenderSettings(samples=16, percentage=50, gpu=cycles_gpu(simulated=False))
+    settings = RenderSettings(samples=16, percentage=50, gpu=cycles_gpu(simulated=False), max_side=16384)
     options = json.loads(blender.probe_command("a.blend", settings, "m", threads=1, frame=7)[-1])
     assert options == {
         "mark": "m",
@@ -93,6 +93,7 @@ def test_the_render_options_reach_blender_as_json_after_the_double_dash() -> Non
         "only_frame": 7,
         "formats": ["PNG", "OPEN_EXR"],
         "preview": 0,
+        "max_side": 16384,
         "preview_name": "preview_{:06d}.png",
         "out": "/out",
     }

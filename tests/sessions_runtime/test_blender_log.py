@@ -121,3 +121,25 @@ def test_the_tail_keeps_only_the_last_lines_and_the_excerpt_falls_back_to_it() -
         log.feed(f"line {n}")
     assert list(log.tail) == ["line 7", "line 8", "line 9"]
     assert log.excerpt() == "line 7\nline 8\nline 9"
+
+
+def test_what_the_log_keeps_is_bounded_however_much_a_run_prints() -> None:
+    """A run that prints 5,000 of each line the log keeps something of (errors, refused scripts, saved frames,
+    frames started, our marked lines), each longer than a line it keeps: it keeps at most 1,000 of each (its
+    default), every line cut short, and still explains itself by the first error and the last ones."""
+    log = BlenderLog(MARK)
+    long = "x" * 3000
+    for number in range(5000):
+        log.feed(f"Error: number {number} {long}")
+        log.feed(f"scripts disabled for \"/scene/a.blend\", skipping 'text{number}.py{long}'")
+        log.feed(f"Fra:{number} Mem:1.00M (Peak 1.00M) | Time:00:00.10 | Scene, ViewLayer | Sample 1/4")
+        log.feed(f"Saved: '/out/frame_{number:06d}.png{long}'")
+        log.feed(f"{MARK} note {number}")
+    excerpt = log.excerpt(10**9).splitlines()
+    kept = [len(log.errors), len(log.skipped_scripts), len(log.saved), len(log.marked), len(log.timings), len(excerpt)]
+    assert all(count <= 1000 for count in kept), kept
+    assert all(len(line) <= 2000 for line in [*log.errors, *log.tail, *excerpt])
+    assert log.errors[0].startswith("Error: number 0 ") and log.excerpt(1).startswith("Error: number 4999 ")
+    assert log.last("note") is not None
+    with pytest.raises(ValueError, match="0 'facts' lines"):
+        log.only("facts")

@@ -21,7 +21,7 @@ from sessions.gpus.allocator import SliceRequest, allocate
 from sessions.gpus.backends import get_backend
 from sessions.gpus.holders import Holder
 from sessions.gpus.models import Slice
-from sessions.runtime.blender import RenderSettings, cycles_gpu
+from sessions.runtime.blender import RenderSettings, cycles_gpu, preview_file
 from sessions.runtime.blender_log import Event, FrameSaved, Progress
 from sessions.runtime.docker import DockerRuntime
 from sessions.runtime.render import (
@@ -163,7 +163,7 @@ def test_three_frames_render_with_progress_saved_lines_and_pngs_on_the_slice(
     host = inspected[0]["HostConfig"]
     assert host["NetworkMode"] == "none" and host["ReadonlyRootfs"] is True
     assert host["CapDrop"] == ["ALL"] and host["SecurityOpt"] == ["no-new-privileges:true"]
-    limits = spec.with_cpus_at_most(runtime.host_cpus()).limits
+    limits = runtime.within_host(spec).limits
     assert (host["NanoCpus"], host["Memory"], host["PidsLimit"]) == (
         int(limits.cpus * 1e9),
         limits.memory_bytes,
@@ -188,8 +188,8 @@ def test_openexr_frames_render_where_the_build_writes_it_each_with_a_small_png_f
     assert sorted(path.name for path in result.saved.values()) == ["frame_000001.exr", "frame_000002.exr"]
     assert all(path.read_bytes()[:4] == b"\x76\x2f\x31\x01" for path in result.saved.values()), "OpenEXR's magic"
     for frame in (1, 2):
-        preview = result.preview(output, frame)
-        assert preview is not None and png_size(preview) == (32, 24), "scaled to 32 px on its longest side"
+        assert result.said_preview(frame)
+        assert png_size(output / preview_file(frame)) == (32, 24), "scaled to 32 px on its longest side"
     assert sorted(path.name for path in output.iterdir()) == [
         "frame_000001.exr",
         "frame_000002.exr",

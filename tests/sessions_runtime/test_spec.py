@@ -59,7 +59,7 @@ def test_no_container_asks_for_more_cpus_than_its_host_has(make_fleet: FleetMake
     taken = allocate(alice, SliceRequest("mig", "7g.141gb"))
     assert spec_for(taken, "img").limits.cpus == 14
     assert spec_for(taken, "img", host_cpus=4).limits.cpus == 4
-    assert spec_for(taken, "img").with_cpus_at_most(3).host_config()["nano_cpus"] == 3 * 10**9
+    assert spec_for(taken, "img").within_host(3).host_config()["nano_cpus"] == 3 * 10**9
 
 
 def test_the_spawner_receives_exactly_the_spec_the_portal_built(notebook_image: NotebookImage, alice: User) -> None:
@@ -86,3 +86,16 @@ def test_the_spawner_receives_exactly_the_spec_the_portal_built(notebook_image: 
 def test_a_spec_that_is_not_one_is_refused(broken: dict[str, object]) -> None:
     with pytest.raises((KeyError, TypeError, ValueError)):
         ContainerSpec.from_json(broken)
+
+
+def test_the_log_limits_reach_the_spawner_with_the_rest_of_the_spec(
+    make_fleet: FleetMaker,
+    alice: User,
+    settings,  # type: ignore[no-untyped-def]
+) -> None:
+    settings.CONTAINER_LOG_MAX_BYTES, settings.CONTAINER_LOG_FILES = 5 * 1024**2, 7
+    make_fleet("spec: 1xH200:mig")
+    spec = spec_for(allocate(alice, SliceRequest("mig", "1g.18gb")), "img")
+    log_config = {"type": "json-file", "config": {"max-size": str(5 * 1024**2), "max-file": "7"}}
+    assert spec.host_config()["log_config"] == log_config
+    assert ContainerSpec.from_json(spec.to_json()).host_config()["log_config"] == log_config
