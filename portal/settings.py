@@ -18,6 +18,7 @@ import django_stubs_ext
 from csp.constants import NONE, SELF
 from django.core.exceptions import ImproperlyConfigured
 
+from portal import bodylimits
 from portal.datafiles import secret_file
 from portal.env import Env
 from portal.sso.keys import signing_key
@@ -295,8 +296,11 @@ STORAGES = {
 }
 MEDIA_ROOT = DATA_DIR / "media"
 
-# Request bodies: forms stay small; uploads get their own limits later.
-DATA_UPLOAD_MAX_MEMORY_SIZE = env.integer("PORTAL_MAX_BODY_BYTES", 2 * 1024 * 1024, minimum=1024)
+# Request bodies: forms stay small, a scene goes up in parts of at most RENDER_UPLOAD_PART_BYTES; the public
+# entry (compose/hub/gate.mjs) refuses a larger body before daphne holds it, with these same numbers.
+BODY_LIMITS = bodylimits.from_environ(env.source)
+DATA_UPLOAD_MAX_MEMORY_SIZE = BODY_LIMITS.form
+RENDER_UPLOAD_PART_BYTES = BODY_LIMITS.upload_part
 DATA_UPLOAD_MAX_NUMBER_FIELDS = 500
 
 SESSION_COOKIE_HTTPONLY = True

@@ -1,0 +1,217 @@
+"""Bodies of several GiB sent to the public entry as make run starts it (compose/hub/proxy.py in front of a
+daphne of this module's own, the Celery worker beside them): each is refused with 413 within seconds of
+passing its limit, whatever the route, anonymous or logged in, with Content-Length or chunked, and no
+portal process's memory passes its bound meanwhile.
+
+Daphne holds a whole body in memory before any view runs (twisted reads it, then daphne queues all of it for
+the application), so the bound on its memory is the entry's limit: nothing larger may reach it.
+"""
+
+from __future__ import annotations
+
+import http.server
+import json
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from django.conf import settings
+from django.contrib.auth.models import User
+from django.test import Client
+
+from portal.bodylimits import UPLOAD_PATH
+from tests.conftest import ARTIFACTS
+from tests.helpers import processes
+from tests.helpers.bodies import MiB, Sent, send_body, watching
+
+pytestmark = [pytest.mark.hub, pytest.mark.celery]
+ROOT = Path(__file__).resolve().parents[2]
+GiB = 1024 * MiB
+SEVERAL_GIB = 4 * GiB
+TOKEN = "body-limits-test-token"
+# What each process may reach while bodies of several GiB arrive: daphne and the worker idle at ~100-150 MiB,
+# the proxy at ~60 MiB; the entry lets at most PORTAL_PROXY_BODIES_AT_ONCE bodies of at most 8 MiB reach daphne.
+BOUNDS = {"daphne": 300 * MiB, "proxy": 200 * MiB, "worker": 300 * MiB}
+WITHIN_SECONDS = 5
+
+
+@dataclass
+class Entry:
+    port: int
+    api: str
+    pids: dict[str, int]
+
+
+def pid_of(*words: str) -> int:
+    """The process whose command line holds every one of ``words``."""
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                command = (entry / "cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if all(word.encode() in command for word in words):
+                return int(entry.name)
+    raise LookupError(f"no process runs with {words}")
+
+
+@pytest.fixture(scope="module")
+def entry(django_db_setup: None, celery_worker: str) -> Iterator[Entry]:
+    subprocess.run([str(ROOT / "compose/bin/ensure-proxy")], check=True)
+    daphne_port, port, api_port = processes.free_port(), processes.free_port(), processes.free_port()
+    daphne = processes.start_daphne(daphne_port, ARTIFACTS / "logs" / "daphne-bodies.log")
+    env = processes.child_env(
+        PORTAL_PORT=str(port),
+        PORTAL_PROXY_API_PORT=str(api_port),
+        PORTAL_INTERNAL_URL=f"http://127.0.0.1:{daphne_port}",
+        CONFIGPROXY_AUTH_TOKEN=TOKEN,
+    )
+    log = (ARTIFACTS / "logs" / "proxy-bodies.log").open("ab")
+    proxy = subprocess.Popen(
+        [sys.executable, str(ROOT / "compose/hub/proxy.py")], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT
+    )
+    try:
+        processes.wait_until(
+            lambda: processes.answers_200(f"http://127.0.0.1:{port}/healthz"), 30, "the public entry", proxy
+        )
+        pids = {"daphne": daphne.pid, "proxy": proxy.pid, "worker": pid_of("--hostname", celery_worker)}
+        yield Entry(port, f"http://127.0.0.1:{api_port}", pids)
+    finally:
+        processes.stop(proxy)
+        processes.stop(daphne)
+
+
+def session_cookie(user: User) -> dict[str, str]:
+    client = Client()
+    client.force_login(user)
+    return {"Cookie": f"{settings.SESSION_COOKIE_NAME}={client.cookies[settings.SESSION_COOKIE_NAME].value}"}
+
+
+def sent_through(entry: Entry, path: str, limit: int, chunked: bool, headers: dict[str, str]) -> tuple[Sent, str]:
+    with watching(entry.pids) as watch:
+        sent = send_body(
+            entry.port,
+            path,
+            SEVERAL_GIB,
+            limit=limit,
+            chunked=chunked,
+            headers=headers,
+            give_up=lambda: watch.over(BOUNDS),
+        )
+    return sent, watch.over(BOUNDS)
+
+
+ROUTES = {"the upload route": UPLOAD_PATH + "0123456789abcdef0123456789abcdef/", "another route": "/sessions/"}
+
+
+def limit_for(route: str, logged_in: bool) -> int:
+    limits = settings.BODY_LIMITS
+    if not logged_in:
+        return limits.anonymous
+    return limits.upload_route if route == "the upload route" else limits.form
+
+
+@pytest.mark.parametrize("chunked", [True, False], ids=["chunked", "content-length"])
+@pytest.mark.parametrize("logged_in", [False, True], ids=["anonymous", "logged-in"])
+@pytest.mark.parametrize("route", list(ROUTES))
+def test_a_body_of_several_gib_is_refused_within_seconds_of_its_limit_and_memory_stays_bounded(
+    entry: Entry, alice: User, transactional_db: None, route: str, logged_in: bool, chunked: bool
+) -> None:
+    limit = limit_for(route, logged_in)
+    headers = session_cookie(alice) if logged_in else {}
+    sent, over = sent_through(entry, ROUTES[route], limit, chunked, headers)
+    assert not over, f"memory passed its bound after {sent.sent / MiB:.0f} MiB sent: {over}"
+    assert sent.status == 413, f"{sent.stopped or 'answered'} after {sent.sent / MiB:.0f} MiB: {sent.answer[:300]!r}"
+    assert b"too large" in sent.answer.lower()
+    if chunked:
+        assert sent.seconds_after_limit() < WITHIN_SECONDS
+        assert sent.sent < limit + 64 * MiB  # what the sockets' buffers held when the refusal came
+    else:
+        assert sent.sent < 64 * MiB  # the declared length was refused before the body was read
+
+
+class Discard(http.server.BaseHTTPRequestHandler):
+    """A notebook server's stand-in: reads a body and throws it away."""
+
+    protocol_version = "HTTP/1.1"
+
+    def do_POST(self) -> None:
+        if self.headers.get("Transfer-Encoding") == "chunked":
+            while (size := int(self.rfile.readline().split(b";")[0], 16)) > 0:
+                self._skip(size + 2)
+            self.rfile.readline()
+        else:
+            self._skip(int(self.headers.get("Content-Length") or 0))
+        self.send_response(200)
+        self.send_header("Content-Length", "2")
+        self.end_headers()
+        self.wfile.write(b"ok")
+
+    def _skip(self, count: int) -> None:
+        while count > 0:
+            count -= len(self.rfile.read(min(count, MiB)) or b"x" * count)
+
+    def log_message(self, *args: object) -> None:
+        return
+
+
+@pytest.fixture
+def jupyter_route(entry: Entry) -> Iterator[str]:
+    """/jupyter/ routed to a server that is not the portal, as the hub routes it."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Discard)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    route = urllib.request.Request(
+        entry.api + "/api/routes/jupyter",
+        data=json.dumps({"target": f"http://127.0.0.1:{server.server_address[1]}"}).encode(),
+        headers={"Authorization": f"token {TOKEN}"},
+        method="POST",
+    )
+    urllib.request.urlopen(route, timeout=5).close()
+    yield "/jupyter/user/alice/api/contents/big.bin"
+    delete = urllib.request.Request(
+        entry.api + "/api/routes/jupyter", headers={"Authorization": f"token {TOKEN}"}, method="DELETE"
+    )
+    urllib.request.urlopen(delete, timeout=5).close()
+    server.shutdown()
+
+
+def test_jupyterlab_gets_its_own_generous_limit_and_a_body_past_it_is_refused(entry: Entry, jupyter_route: str) -> None:
+    part = send_body(entry.port, jupyter_route, 3 * MiB // 2, limit=settings.BODY_LIMITS.jupyter, chunked=False)
+    assert part.status == 200, part.answer[:300]  # a part of a JupyterLab upload, base64 in JSON
+    limit = settings.BODY_LIMITS.jupyter
+    started = time.monotonic()
+    sent, over = sent_through(entry, jupyter_route, limit, chunked=True, headers={})
+    assert not over, over
+    assert sent.status == 413 and sent.seconds_after_limit() < WITHIN_SECONDS, sent
+    assert limit <= sent.sent < limit + 64 * MiB
+    assert time.monotonic() - started < 60
+
+
+def test_a_body_sent_while_the_hub_is_away_is_held_to_the_portals_limit(entry: Entry) -> None:
+    """With no /jupyter/ route (the hub down, or the entry just restarted) /jupyter/ reaches the portal: it gets
+    the portal's limit, not JupyterLab's, since it is daphne that would hold it."""
+    sent, over = sent_through(entry, "/jupyter/hub/api/users", settings.BODY_LIMITS.anonymous, True, {})
+    assert not over, over
+    assert sent.status == 413 and sent.sent < settings.BODY_LIMITS.anonymous + 64 * MiB
+
+
+def test_bodies_within_the_limits_still_reach_the_portal(entry: Entry, alice: User, transactional_db: None) -> None:
+    login = send_body(entry.port, "/accounts/login/", 2048, limit=2048, chunked=False)
+    assert login.status == 403  # a small anonymous body reaches Django, whose CSRF check refuses this one
+    posted = send_body(entry.port, "/sessions/", MiB, limit=MiB, chunked=True, headers=session_cookie(alice))
+    assert posted.status in (403, 405), posted.answer[:300]  # Django answered, not the entry
+
+
+@pytest.mark.docker
+def test_the_proxy_the_hub_starts_is_the_gate_too(hub: str) -> None:
+    port = int(hub.rsplit(":", 1)[1])
+    sent = send_body(port, "/sessions/", SEVERAL_GIB, limit=settings.BODY_LIMITS.anonymous, chunked=True)
+    assert sent.status == 413 and sent.sent < settings.BODY_LIMITS.anonymous + 64 * MiB, sent
+    declared = send_body(port, "/jupyter/hub/api/users", SEVERAL_GIB, limit=settings.BODY_LIMITS.jupyter, chunked=False)
+    assert declared.status == 413 and declared.sent < 64 * MiB, declared
