@@ -448,6 +448,15 @@ RENDER_MAX_UPLOAD_BYTES = env.integer("PORTAL_RENDER_MAX_UPLOAD_BYTES", 2 * 1024
 RENDER_MAX_UNPACKED_BYTES = env.integer("PORTAL_RENDER_MAX_UNPACKED_BYTES", 8 * 1024**3, minimum=1024)
 RENDER_MAX_ZIP_ENTRIES = env.integer("PORTAL_RENDER_MAX_ZIP_ENTRIES", 5000, minimum=1)
 RENDER_MAX_FRAMES = env.integer("PORTAL_RENDER_MAX_FRAMES", 10000, minimum=1)
+# A zip whose entries (any over 1 MiB, and all together) unpack to more than this many times what they take
+# packed is refused from its directory, before anything is unpacked.
+RENDER_MAX_COMPRESSION_RATIO = env.integer("PORTAL_RENDER_MAX_COMPRESSION_RATIO", 100, minimum=2)
+# Per person: uploads begun in each window (past it: 429 with Retry-After), render jobs not yet ended (uploads on
+# their way count), and how long an upload nobody adds to is kept before it is removed.
+RENDER_UPLOADS_PER_WINDOW = env.integer("PORTAL_RENDER_UPLOADS_PER_WINDOW", 5, minimum=1)
+RENDER_UPLOAD_WINDOW_MINUTES = env.integer("PORTAL_RENDER_UPLOAD_WINDOW_MINUTES", 10, minimum=1)
+RENDER_MAX_OPEN_JOBS = env.integer("PORTAL_RENDER_MAX_OPEN_JOBS", 10, minimum=1)
+RENDER_UPLOAD_EXPIRY_HOURS = env.integer("PORTAL_RENDER_UPLOAD_EXPIRY_HOURS", 24, minimum=1)
 # Days an ended job keeps its files (scene, frames, thumbnails); an hourly task then removes them, keeping
 # the job's record and every charge.
 RENDER_RETENTION_DAYS = env.integer("PORTAL_RENDER_RETENTION_DAYS", 30, minimum=1)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import socket
 import subprocess
 import threading
@@ -30,6 +31,10 @@ ROOT = Path(__file__).resolve().parents[1]
 ARTIFACTS = ROOT / "artifacts"
 RUN_ID = uuid.uuid4().hex[:8]
 STACK = {name: processes.free_port() for name in ("public", "portal", "hub", "proxy_api")}
+# The render folder the run's Celery workers and its render daphne share (the default queue's worker unpacks
+# uploads there, the render worker renders there): outside pytest's temporary folders, which another pytest run
+# on the machine prunes while this run's workers may still write into them.
+RENDER_ROOT = Path(f"/var/tmp/gpu-portal-render-root-{RUN_ID}")  # noqa: S108  # named for this run alone
 TEST_NETWORK_PREFIX = "gpu-portal-test-"
 
 
@@ -169,11 +174,14 @@ def alice_client(alice: User) -> Client:
 
 @pytest.fixture(scope="session")
 def celery_worker(django_db_setup: None, django_db_blocker: object) -> Iterator[str]:
-    """A real Celery worker process on the Redis broker, using the test database."""
+    """A real Celery worker process on the Redis broker, using the test database (and RENDER_ROOT)."""
     name = f"test-{RUN_ID}@127.0.0.1"
-    process = processes.start_celery_worker(name, ARTIFACTS / "logs" / "celery-worker.log")
+    RENDER_ROOT.mkdir(exist_ok=True)
+    log = ARTIFACTS / "logs" / "celery-worker.log"
+    process = processes.start_celery_worker(name, log, PORTAL_RENDER_DIR=str(RENDER_ROOT))
     yield name
     processes.stop(process)
+    shutil.rmtree(RENDER_ROOT, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

@@ -31,7 +31,7 @@ from sessions.gpus.models import Slice
 from sessions.render.models import RenderJob
 from sessions.runtime.render import RENDER_IMAGE
 from sessions.runtime.spec import INSTANCE_LABEL
-from tests.conftest import ARTIFACTS, RUN_ID
+from tests.conftest import ARTIFACTS, RENDER_ROOT, RUN_ID
 from tests.gpus.conftest import use_fleet
 from tests.helpers import processes
 from tests.helpers.processes import BIN, ROOT
@@ -164,9 +164,10 @@ def scenes(render_image: str) -> Iterator[Path]:
 
 
 @pytest.fixture(scope="session")
-def render_root() -> Iterator[Path]:
-    with once("render_root", lambda: own_folder("render-root")) as folder:
-        yield folder
+def render_root(celery_worker: str) -> Iterator[Path]:
+    """The run's render folder, which the default queue's worker (it unpacks uploads) uses too."""
+    RENDER_ROOT.mkdir(exist_ok=True)
+    yield RENDER_ROOT
 
 
 def start_render_worker(render_root: Path, log_path: Path) -> tuple[subprocess.Popen[bytes], str]:
