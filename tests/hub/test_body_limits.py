@@ -1,7 +1,8 @@
 """Bodies of several GiB sent to the public entry as make run starts it (compose/hub/proxy.py in front of a
 daphne of this module's own, the Celery worker beside them): each is refused with 413 within seconds of
 passing its limit, whatever the route, anonymous or logged in, with Content-Length or chunked, and no
-portal process's memory passes its bound meanwhile.
+portal process's memory passes its bound meanwhile. A scene of 1 GiB, sent as the page sends it (in parts),
+goes through, resumes after its connection is cut, and becomes a job once its SHA-256 is checked.
 
 Daphne holds a whole body in memory before any view runs (twisted reads it, then daphne queues all of it for
 the application), so the bound on its memory is the entry's limit: nothing larger may reach it.
@@ -9,8 +10,10 @@ the application), so the bound on its memory is the entry's limit: nothing large
 
 from __future__ import annotations
 
+import hashlib
 import http.server
 import json
+import struct
 import subprocess
 import sys
 import threading
@@ -26,9 +29,14 @@ from django.contrib.auth.models import User
 from django.test import Client
 
 from portal.bodylimits import UPLOAD_PATH
-from tests.conftest import ARTIFACTS
+from sessions.render import jobs, uploads
+from sessions.render.models import RenderJob, RenderUpload
+from tests.conftest import ARTIFACTS, RENDER_ROOT
+from tests.gpus.conftest import use_fleet
 from tests.helpers import processes
 from tests.helpers.bodies import MiB, Sent, send_body, watching
+from tests.helpers.tus import HttpUploader
+from tests.helpers.waiting import wait_for
 
 pytestmark = [pytest.mark.hub, pytest.mark.celery]
 ROOT = Path(__file__).resolve().parents[2]
@@ -65,7 +73,8 @@ def pid_of(*words: str) -> int:
 def entry(django_db_setup: None, celery_worker: str) -> Iterator[Entry]:
     subprocess.run([str(ROOT / "compose/bin/ensure-proxy")], check=True)
     daphne_port, port, api_port = processes.free_port(), processes.free_port(), processes.free_port()
-    daphne = processes.start_daphne(daphne_port, ARTIFACTS / "logs" / "daphne-bodies.log")
+    log_path = ARTIFACTS / "logs" / "daphne-bodies.log"
+    daphne = processes.start_daphne(daphne_port, log_path, PORTAL_RENDER_DIR=str(RENDER_ROOT))
     env = processes.child_env(
         PORTAL_PORT=str(port),
         PORTAL_PROXY_API_PORT=str(api_port),
@@ -215,3 +224,68 @@ def test_the_proxy_the_hub_starts_is_the_gate_too(hub: str) -> None:
     assert sent.status == 413 and sent.sent < settings.BODY_LIMITS.anonymous + 64 * MiB, sent
     declared = send_body(port, "/jupyter/hub/api/users", SEVERAL_GIB, limit=settings.BODY_LIMITS.jupyter, chunked=False)
     assert declared.status == 413 and declared.sent < 64 * MiB, declared
+
+
+GIB_SCENE = 1024 * MiB
+
+
+class BigScene:
+    """A .blend of ``size`` bytes made on the fly: its header, a small DNA1 block, one large block of bytes that
+    change with every part (a part stored twice or in the wrong place changes the file's hash), the end block."""
+
+    def __init__(self, size: int, part: int) -> None:
+        head = struct.Struct("<4siQii")
+        self.part = part
+        self.start = b"BLENDER-v304" + head.pack(b"DNA1", 16, 1, 0, 1) + bytes(16)
+        self.end = head.pack(b"ENDB", 0, 0, 0, 0)
+        self.start += head.pack(b"DATA", size - len(self.start) - head.size - len(self.end), 2, 0, 1)
+        self.size = size
+
+    def __call__(self, offset: int, size: int) -> bytes:
+        body = bytes([offset // self.part % 251 + 1]) * size
+        data = bytearray(body)
+        if offset < len(self.start):
+            data[: len(self.start) - offset] = self.start[offset : offset + size]
+        if offset + size > self.size - len(self.end):
+            at = self.size - len(self.end)
+            data[max(0, at - offset) :] = self.end[max(0, offset - at) :]
+        return bytes(data)
+
+
+def test_an_upload_of_1_gib_goes_through_the_public_address_resumes_after_a_cut_and_is_checked_against_its_hash(
+    entry: Entry, alice: User, transactional_db: None, settings
+) -> None:  # type: ignore[no-untyped-def]
+    use_fleet(settings, settings.SIMULATED_FLEET)
+    part = settings.RENDER_UPLOAD_PART_BYTES
+    scene = BigScene(GIB_SCENE, part)
+    uploader = HttpUploader(entry.port, session_cookie(alice)["Cookie"])
+    digest, cut_at = hashlib.sha256(), GIB_SCENE // part // 3 * part
+    with watching(entry.pids) as watch:
+        created = uploader.begin("big.blend", GIB_SCENE)
+        assert created.status == 201
+        location = created.headers["Location"]
+        for offset in range(0, cut_at, part):
+            assert uploader.send(location, offset, scene(offset, part)).status == 204
+        uploader.cut_off(location, cut_at, scene(cut_at, part))  # the connection drops mid-part
+        assert uploader.offset(location) == cut_at  # nothing of the cut part was kept: it is sent again whole
+        for offset in range(cut_at, GIB_SCENE, part):
+            assert uploader.send(location, offset, scene(offset, part)).status == 204
+    assert not watch.over(BOUNDS), watch.over(BOUNDS)
+    for offset in range(0, GIB_SCENE, part):
+        digest.update(scene(offset, part))
+    upload = RenderUpload.objects.get(owner=alice)
+    assert (upload.offset, upload.sha256) == (GIB_SCENE, digest.hexdigest())
+    token = location.rstrip("/").rsplit("/", 1)[1]
+    try:
+        answer = uploader.form(token, digest.hexdigest())
+        assert answer.status == 302, answer.status
+        job = RenderJob.objects.get(owner=alice)
+        assert job.upload_bytes == GIB_SCENE
+        wait_for(lambda: RenderJob.objects.get(pk=job.pk).state != "unpacking", 120, "its check by the worker")
+        job.refresh_from_db()
+        assert job.state in ("validated", "estimating"), job.failure_message  # every block to the end was there
+    finally:
+        settings.RENDER_DIR = RENDER_ROOT
+        for left in RenderJob.objects.filter(owner=alice):
+            jobs.remove_files(left)
+        uploads.remove_folder(upload.folder_path())
