@@ -123,9 +123,9 @@ def _finished(unpacked: RenderJob) -> RenderJob:
         for name in fields:
             setattr(job, name, getattr(unpacked, name))
         job.save(update_fields=[*job.move(State(unpacked.state)), *fields])
+        if job.state == State.VALIDATED:  # on to its estimate in the same step: nobody sees it stop between
+            return services.request_estimate(job.pk)
         progress.announce(job)
-    if job.state == State.VALIDATED:
-        return services.request_estimate(job.pk)
     return job
 
 

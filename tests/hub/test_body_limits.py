@@ -31,7 +31,7 @@ from django.test import Client
 from portal.bodylimits import UPLOAD_PATH
 from sessions.render import jobs, uploads
 from sessions.render.models import RenderJob, RenderUpload
-from tests.conftest import ARTIFACTS, RENDER_ROOT
+from tests.conftest import ARTIFACTS
 from tests.gpus.conftest import use_fleet
 from tests.helpers import processes
 from tests.helpers.bodies import MiB, Sent, send_body, watching
@@ -74,7 +74,7 @@ def entry(django_db_setup: None, celery_worker: str) -> Iterator[Entry]:
     subprocess.run([str(ROOT / "compose/bin/ensure-proxy")], check=True)
     daphne_port, port, api_port = processes.free_port(), processes.free_port(), processes.free_port()
     log_path = ARTIFACTS / "logs" / "daphne-bodies.log"
-    daphne = processes.start_daphne(daphne_port, log_path, PORTAL_RENDER_DIR=str(RENDER_ROOT))
+    daphne = processes.start_daphne(daphne_port, log_path)
     env = processes.child_env(
         PORTAL_PORT=str(port),
         PORTAL_PROXY_API_PORT=str(api_port),
@@ -285,7 +285,6 @@ def test_an_upload_of_1_gib_goes_through_the_public_address_resumes_after_a_cut_
         job.refresh_from_db()
         assert job.state in ("validated", "estimating"), job.failure_message  # every block to the end was there
     finally:
-        settings.RENDER_DIR = RENDER_ROOT
         for left in RenderJob.objects.filter(owner=alice):
             jobs.remove_files(left)
         uploads.remove_folder(upload.folder_path())

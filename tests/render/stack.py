@@ -164,10 +164,9 @@ def scenes(render_image: str) -> Iterator[Path]:
 
 
 @pytest.fixture(scope="session")
-def render_root(celery_worker: str) -> Iterator[Path]:
-    """The run's render folder, which the default queue's worker (it unpacks uploads) uses too."""
-    RENDER_ROOT.mkdir(exist_ok=True)
-    yield RENDER_ROOT
+def render_root() -> Path:
+    """The run's render folder, which every process of the run uses (tests/conftest.py)."""
+    return RENDER_ROOT
 
 
 def start_render_worker(render_root: Path, log_path: Path) -> tuple[subprocess.Popen[bytes], str]:
