@@ -18,7 +18,7 @@ import django_stubs_ext
 from csp.constants import NONE, SELF
 from django.core.exceptions import ImproperlyConfigured
 
-from portal import bodylimits
+from portal import entrylimits
 from portal.datafiles import secret_file
 from portal.env import Env
 from portal.sso.keys import signing_key
@@ -297,10 +297,11 @@ STORAGES = {
 MEDIA_ROOT = DATA_DIR / "media"
 
 # Request bodies: forms stay small, a scene goes up in parts of at most RENDER_UPLOAD_PART_BYTES; the public
-# entry (compose/hub/gate.mjs) refuses a larger body before daphne holds it, with these same numbers.
-BODY_LIMITS = bodylimits.from_environ(env.source)
-DATA_UPLOAD_MAX_MEMORY_SIZE = BODY_LIMITS.form
-RENDER_UPLOAD_PART_BYTES = BODY_LIMITS.upload_part
+# entry (compose/hub/gate.mjs) refuses a larger body before daphne holds it, with these same numbers (and the
+# same rate of upload starts as below).
+ENTRY_LIMITS = entrylimits.from_environ(env.source)
+DATA_UPLOAD_MAX_MEMORY_SIZE = ENTRY_LIMITS.form
+RENDER_UPLOAD_PART_BYTES = ENTRY_LIMITS.upload_part
 DATA_UPLOAD_MAX_NUMBER_FIELDS = 500
 
 SESSION_COOKIE_HTTPONLY = True
@@ -453,8 +454,8 @@ RENDER_MAX_FRAMES = env.integer("PORTAL_RENDER_MAX_FRAMES", 10000, minimum=1)
 RENDER_MAX_COMPRESSION_RATIO = env.integer("PORTAL_RENDER_MAX_COMPRESSION_RATIO", 100, minimum=2)
 # Per person: uploads begun in each window (past it: 429 with Retry-After), render jobs not yet ended (uploads on
 # their way count), and how long an upload nobody adds to is kept before it is removed.
-RENDER_UPLOADS_PER_WINDOW = env.integer("PORTAL_RENDER_UPLOADS_PER_WINDOW", 5, minimum=1)
-RENDER_UPLOAD_WINDOW_MINUTES = env.integer("PORTAL_RENDER_UPLOAD_WINDOW_MINUTES", 10, minimum=1)
+RENDER_UPLOADS_PER_WINDOW = ENTRY_LIMITS.uploads_per_window
+RENDER_UPLOAD_WINDOW_MINUTES = ENTRY_LIMITS.upload_window_minutes
 RENDER_MAX_OPEN_JOBS = env.integer("PORTAL_RENDER_MAX_OPEN_JOBS", 10, minimum=1)
 RENDER_UPLOAD_EXPIRY_HOURS = env.integer("PORTAL_RENDER_UPLOAD_EXPIRY_HOURS", 24, minimum=1)
 # Days an ended job keeps its files (scene, frames, thumbnails); an hourly task then removes them, keeping

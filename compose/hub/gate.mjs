@@ -4,13 +4,15 @@
 // daphne holds a whole request body in memory before the portal sees it, so nothing larger than the portal
 // takes may reach it. A body that declares a larger length is refused (413) before a byte of it is read (and
 // before "100 Continue"); one sent in chunks is counted as it streams and refused the moment it passes its
-// limit: the proxy stops forwarding it and closes the connection. Limits, from portal/bodylimits.py:
+// limit: the proxy stops forwarding it and closes the connection. Limits, from portal/entrylimits.py:
 //   to the portal, without a session cookie          --anonymous-body-bytes
 //   to the portal, with one                          --portal-body-bytes (--upload-body-bytes on --upload-path)
 //   to whatever else the proxy routes (JupyterHub)   --jupyter-body-bytes
 // A route is the portal's when its target is the default target, so /jupyter/ falls back to the portal's
 // limits while the hub's routes are missing. At most --portal-bodies-at-once bodies over the anonymous limit
-// travel to the portal at once; one more is answered 503 with Retry-After.
+// travel to the portal at once; one more is answered 503 with Retry-After. A session that begins more than
+// --upload-starts-per-window scene uploads (POST --upload-path) in a window of --upload-window-seconds gets 429
+// here, before each costs daphne a request (the portal counts the same per person, and stays the rule).
 // Started by compose/hub/proxy.py (make run) and by JupyterHub (tests), with the arguments they pass to
 // configurable-http-proxy; any other argument stops it with a message.
 
@@ -24,7 +26,10 @@ const LIMITS = {
   "upload-body-bytes": "upload",
   "jupyter-body-bytes": "jupyter",
   "portal-bodies-at-once": "atOnce",
+  "upload-starts-per-window": "uploadStarts",
+  "upload-window-seconds": "uploadWindow",
 };
+const MOST_COUNTED = 100000; // session cookies counted in one window; past it the count starts again
 
 function bytesInWords(count) {
   const units = [["GiB", 2 ** 30], ["MiB", 2 ** 20], ["KiB", 2 ** 10]];
@@ -38,6 +43,8 @@ export class GatedProxy extends ConfigurableProxy {
     this.gate = gate;
     this.portalTarget = new URL(options.defaultTarget).href;
     this.portalBodies = 0;
+    this.starts = new Map(); // session cookie -> upload starts in this window
+    this.startsWindow = 0;
     this.upstreams = new WeakMap(); // request -> its request to the target, to stop when a body is refused
     this.proxy.on("proxyReq", (upstream, req) => {
       if (req.gateRefused) upstream.destroy();
@@ -48,6 +55,12 @@ export class GatedProxy extends ConfigurableProxy {
   }
 
   async handleProxyWeb(req, res, expectsContinue = false) {
+    const wait = this.uploadStartWait(req);
+    if (wait) {
+      const minutes = Math.round(this.gate.uploadWindow / 60);
+      const words = `Too many uploads begun: at most ${this.gate.uploadStarts} in ${minutes} minutes; try again in ${wait} seconds.`;
+      return this.refuse(req, res, 429, words, { "Retry-After": String(wait) });
+    }
     const hasBody = req.headers["transfer-encoding"] !== undefined || Number(req.headers["content-length"]) > 0;
     if (!hasBody) return super.handleProxyWeb(req, res);
     req.pause(); // nothing of the body moves until the gate has decided
@@ -76,6 +89,24 @@ export class GatedProxy extends ConfigurableProxy {
     return super.handleProxyWeb(req, res);
   }
 
+  // Seconds until this session may begin another upload; 0 when it may now. Counted in fixed windows, as the
+  // portal counts them, per session cookie (the entry knows no person).
+  uploadStartWait(req) {
+    const path = (req.url || "").split("?")[0];
+    const session = this.sessionCookie(req);
+    if (req.method !== "POST" || path !== this.gate.uploadPath || !session) return 0;
+    const now = Date.now() / 1000;
+    const window = Math.floor(now / this.gate.uploadWindow);
+    if (window !== this.startsWindow || this.starts.size >= MOST_COUNTED) {
+      this.startsWindow = window;
+      this.starts = new Map();
+    }
+    const count = (this.starts.get(session) || 0) + 1;
+    this.starts.set(session, count);
+    if (count <= this.gate.uploadStarts) return 0;
+    return Math.max(1, Math.ceil((window + 1) * this.gate.uploadWindow - now));
+  }
+
   limitFor(req, toPortal) {
     if (!toPortal) return this.gate.jupyter;
     if (!this.hasSessionCookie(req)) return this.gate.anonymous;
@@ -83,12 +114,14 @@ export class GatedProxy extends ConfigurableProxy {
     return path.startsWith(this.gate.uploadPath) ? this.gate.upload : this.gate.portal;
   }
 
-  hasSessionCookie(req) {
+  sessionCookie(req) {
     const prefix = `${this.gate.sessionCookie}=`;
-    return (req.headers.cookie || "").split(";").some((part) => {
-      const cookie = part.trim();
-      return cookie.startsWith(prefix) && cookie.length > prefix.length;
-    });
+    const found = (req.headers.cookie || "").split(";").map((part) => part.trim()).find((c) => c.startsWith(prefix));
+    return found ? found.slice(prefix.length) : "";
+  }
+
+  hasSessionCookie(req) {
+    return this.sessionCookie(req) !== "";
   }
 
   takeSlot(res) {

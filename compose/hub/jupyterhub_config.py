@@ -5,7 +5,7 @@
 import os
 from pathlib import Path
 
-from portal import bodylimits
+from portal import entrylimits
 from portal.env import Env
 from sessions.runtime.network import from_environ
 
@@ -45,7 +45,7 @@ c.ConfigurableHTTPProxy.command = [
     str(ROOT / "compose/hub/gate.mjs"),
     "--default-target",
     PORTAL,
-    *bodylimits.from_environ(os.environ).gate_arguments(),
+    *entrylimits.from_environ(os.environ).gate_arguments(),
 ]
 # make run supervises the proxy as a program of its own (compose/hub/proxy.py, same token file), so a hub
 # crash leaves the public address up; the tests' hub starts it itself. A proxy that restarts comes back

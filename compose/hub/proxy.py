@@ -1,7 +1,7 @@
 """The public entry as a program of its own (make run's supervisor): the one public address.
 
 compose/hub/gate.mjs is configurable-http-proxy with a gate on request bodies (their limits from
-portal/bodylimits.py, the same as the tests' hub passes). It sends /jupyter/ to the hub and the notebook
+portal/entrylimits.py, the same as the tests' hub passes). It sends /jupyter/ to the hub and the notebook
 servers, everything else to daphne, so a hub that crashes leaves the portal's pages up. The hub reaches
 its API with the same token (read from <data dir>/proxy_auth_token, made once) and puts its routes back
 when the proxy comes back empty (jupyterhub_config.py, PORTAL_HUB_STARTS_PROXY=false). Started as
@@ -18,7 +18,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from portal import bodylimits  # noqa: E402
+from portal import entrylimits  # noqa: E402
 from portal.datafiles import secret_file  # noqa: E402
 from sessions.runtime.network import from_environ  # noqa: E402
 
@@ -50,7 +50,7 @@ def command(environ: dict[str, str]) -> list[str]:
         # warn: the hub's route checks every 10 s would otherwise fill the console; route changes are the hub's log
         "--log-level",
         "warn",
-        *bodylimits.from_environ(environ).gate_arguments(),
+        *entrylimits.from_environ(environ).gate_arguments(),
     ]
 
 

@@ -5,7 +5,7 @@ from sessions.render import tus, views
 urlpatterns = [
     path("", views.job_list, name="render-job-list"),
     path("upload/", views.upload, name="render-job-upload"),
-    # The scene itself goes up in parts (tus); portal/bodylimits.py's UPLOAD_PATH is this route's address.
+    # The scene itself goes up in parts (tus); portal/entrylimits.py's UPLOAD_PATH is this route's address.
     path("uploads/", tus.create, name="render-upload-create"),
     path("uploads/<slug:token>/", tus.part, name="render-upload-part"),
     path("<int:job_id>/", views.job_detail, name="render-job-detail"),

@@ -13,14 +13,12 @@ from __future__ import annotations
 import hashlib
 import http.server
 import json
+import socket
 import struct
-import subprocess
-import sys
 import threading
 import time
 import urllib.request
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -28,72 +26,20 @@ from django.conf import settings
 from django.contrib.auth.models import User
 from django.test import Client
 
-from portal.bodylimits import UPLOAD_PATH
+from portal.entrylimits import UPLOAD_PATH
 from sessions.render import jobs, uploads
 from sessions.render.models import RenderJob, RenderUpload
-from tests.conftest import ARTIFACTS
 from tests.gpus.conftest import use_fleet
-from tests.helpers import processes
 from tests.helpers.bodies import MiB, Sent, send_body, watching
 from tests.helpers.tus import HttpUploader
 from tests.helpers.waiting import wait_for
+from tests.hub.conftest import BOUNDS, TOKEN, Entry
 
 pytestmark = [pytest.mark.hub, pytest.mark.celery]
 ROOT = Path(__file__).resolve().parents[2]
 GiB = 1024 * MiB
 SEVERAL_GIB = 4 * GiB
-TOKEN = "body-limits-test-token"
-# What each process may reach while bodies of several GiB arrive: daphne and the worker idle at ~100-150 MiB,
-# the proxy at ~60 MiB; the entry lets at most PORTAL_PROXY_BODIES_AT_ONCE bodies of at most 8 MiB reach daphne.
-BOUNDS = {"daphne": 300 * MiB, "proxy": 200 * MiB, "worker": 300 * MiB}
 WITHIN_SECONDS = 5
-
-
-@dataclass
-class Entry:
-    port: int
-    api: str
-    pids: dict[str, int]
-
-
-def pid_of(*words: str) -> int:
-    """The process whose command line holds every one of ``words``."""
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                command = (entry / "cmdline").read_bytes().split(b"\0")
-            except OSError:
-                continue
-            if all(word.encode() in command for word in words):
-                return int(entry.name)
-    raise LookupError(f"no process runs with {words}")
-
-
-@pytest.fixture(scope="module")
-def entry(django_db_setup: None, celery_worker: str) -> Iterator[Entry]:
-    subprocess.run([str(ROOT / "compose/bin/ensure-proxy")], check=True)
-    daphne_port, port, api_port = processes.free_port(), processes.free_port(), processes.free_port()
-    log_path = ARTIFACTS / "logs" / "daphne-bodies.log"
-    daphne = processes.start_daphne(daphne_port, log_path)
-    env = processes.child_env(
-        PORTAL_PORT=str(port),
-        PORTAL_PROXY_API_PORT=str(api_port),
-        PORTAL_INTERNAL_URL=f"http://127.0.0.1:{daphne_port}",
-        CONFIGPROXY_AUTH_TOKEN=TOKEN,
-    )
-    log = (ARTIFACTS / "logs" / "proxy-bodies.log").open("ab")
-    proxy = subprocess.Popen(
-        [sys.executable, str(ROOT / "compose/hub/proxy.py")], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT
-    )
-    try:
-        processes.wait_until(
-            lambda: processes.answers_200(f"http://127.0.0.1:{port}/healthz"), 30, "the public entry", proxy
-        )
-        pids = {"daphne": daphne.pid, "proxy": proxy.pid, "worker": pid_of("--hostname", celery_worker)}
-        yield Entry(port, f"http://127.0.0.1:{api_port}", pids)
-    finally:
-        processes.stop(proxy)
-        processes.stop(daphne)
 
 
 def session_cookie(user: User) -> dict[str, str]:
@@ -120,7 +66,7 @@ ROUTES = {"the upload route": UPLOAD_PATH + "0123456789abcdef0123456789abcdef/",
 
 
 def limit_for(route: str, logged_in: bool) -> int:
-    limits = settings.BODY_LIMITS
+    limits = settings.ENTRY_LIMITS
     if not logged_in:
         return limits.anonymous
     return limits.upload_route if route == "the upload route" else limits.form
@@ -191,9 +137,9 @@ def jupyter_route(entry: Entry) -> Iterator[str]:
 
 
 def test_jupyterlab_gets_its_own_generous_limit_and_a_body_past_it_is_refused(entry: Entry, jupyter_route: str) -> None:
-    part = send_body(entry.port, jupyter_route, 3 * MiB // 2, limit=settings.BODY_LIMITS.jupyter, chunked=False)
+    part = send_body(entry.port, jupyter_route, 3 * MiB // 2, limit=settings.ENTRY_LIMITS.jupyter, chunked=False)
     assert part.status == 200, part.answer[:300]  # a part of a JupyterLab upload, base64 in JSON
-    limit = settings.BODY_LIMITS.jupyter
+    limit = settings.ENTRY_LIMITS.jupyter
     started = time.monotonic()
     sent, over = sent_through(entry, jupyter_route, limit, chunked=True, headers={})
     assert not over, over
@@ -205,9 +151,9 @@ def test_jupyterlab_gets_its_own_generous_limit_and_a_body_past_it_is_refused(en
 def test_a_body_sent_while_the_hub_is_away_is_held_to_the_portals_limit(entry: Entry) -> None:
     """With no /jupyter/ route (the hub down, or the entry just restarted) /jupyter/ reaches the portal: it gets
     the portal's limit, not JupyterLab's, since it is daphne that would hold it."""
-    sent, over = sent_through(entry, "/jupyter/hub/api/users", settings.BODY_LIMITS.anonymous, True, {})
+    sent, over = sent_through(entry, "/jupyter/hub/api/users", settings.ENTRY_LIMITS.anonymous, True, {})
     assert not over, over
-    assert sent.status == 413 and sent.sent < settings.BODY_LIMITS.anonymous + 64 * MiB
+    assert sent.status == 413 and sent.sent < settings.ENTRY_LIMITS.anonymous + 64 * MiB
 
 
 def test_bodies_within_the_limits_still_reach_the_portal(entry: Entry, alice: User, transactional_db: None) -> None:
@@ -220,9 +166,11 @@ def test_bodies_within_the_limits_still_reach_the_portal(entry: Entry, alice: Us
 @pytest.mark.docker
 def test_the_proxy_the_hub_starts_is_the_gate_too(hub: str) -> None:
     port = int(hub.rsplit(":", 1)[1])
-    sent = send_body(port, "/sessions/", SEVERAL_GIB, limit=settings.BODY_LIMITS.anonymous, chunked=True)
-    assert sent.status == 413 and sent.sent < settings.BODY_LIMITS.anonymous + 64 * MiB, sent
-    declared = send_body(port, "/jupyter/hub/api/users", SEVERAL_GIB, limit=settings.BODY_LIMITS.jupyter, chunked=False)
+    sent = send_body(port, "/sessions/", SEVERAL_GIB, limit=settings.ENTRY_LIMITS.anonymous, chunked=True)
+    assert sent.status == 413 and sent.sent < settings.ENTRY_LIMITS.anonymous + 64 * MiB, sent
+    declared = send_body(
+        port, "/jupyter/hub/api/users", SEVERAL_GIB, limit=settings.ENTRY_LIMITS.jupyter, chunked=False
+    )
     assert declared.status == 413 and declared.sent < 64 * MiB, declared
 
 
@@ -288,3 +236,20 @@ def test_an_upload_of_1_gib_goes_through_the_public_address_resumes_after_a_cut_
         for left in RenderJob.objects.filter(owner=alice):
             jobs.remove_files(left)
         uploads.remove_folder(upload.folder_path())
+
+
+def test_a_body_that_asks_to_continue_is_refused_instead_of_invited(
+    entry: Entry, alice: User, transactional_db: None
+) -> None:
+    """curl and other clients ask first ("Expect: 100-continue") and send the body only once invited."""
+    cookie = session_cookie(alice)["Cookie"]
+    head = f"POST /sessions/ HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: {SEVERAL_GIB}\r\n"
+    head += f"Expect: 100-continue\r\nCookie: {cookie}\r\n\r\n"
+    with socket.create_connection(("127.0.0.1", entry.port), timeout=10) as connection:
+        connection.sendall(head.encode())
+        answer = connection.recv(4096)
+    assert answer.startswith(b"HTTP/1.1 413 "), answer[:200]
+    small = "POST /sessions/ HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 10\r\nExpect: 100-continue\r\n\r\n"
+    with socket.create_connection(("127.0.0.1", entry.port), timeout=10) as connection:
+        connection.sendall(small.encode())
+        assert connection.recv(4096).startswith(b"HTTP/1.1 100 Continue"), "a body within the limit is invited"

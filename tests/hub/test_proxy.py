@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from portal import bodylimits
+from portal import entrylimits
 from tests.helpers.processes import free_port, stop, wait_until
 
 pytestmark = pytest.mark.hub
@@ -56,7 +56,7 @@ def proxy(portal_server: str) -> Iterator[tuple[str, str]]:
             f"--api-port={api_port}",
             f"--default-target={portal_server}",
             "--log-level=warn",
-            *bodylimits.from_environ().gate_arguments(),
+            *entrylimits.from_environ().gate_arguments(),
         ],
         env={**os.environ, "CONFIGPROXY_AUTH_TOKEN": TOKEN},
     )

@@ -410,12 +410,12 @@ def test_the_form_offers_the_launch_forms_slices_with_their_prices(alice_client:
 
 
 def test_the_upload_route_is_the_one_the_public_entry_holds_to_a_parts_size(settings) -> None:  # type: ignore[no-untyped-def]
-    from portal import bodylimits
+    from portal import entrylimits
 
-    assert reverse("render-upload-create") == bodylimits.UPLOAD_PATH
-    assert reverse("render-upload-part", args=["a" * 32]).startswith(bodylimits.UPLOAD_PATH)
-    assert settings.SESSION_COOKIE_NAME == bodylimits.SESSION_COOKIE
-    assert settings.BODY_LIMITS.upload_route >= settings.RENDER_UPLOAD_PART_BYTES
+    assert reverse("render-upload-create") == entrylimits.UPLOAD_PATH
+    assert reverse("render-upload-part", args=["a" * 32]).startswith(entrylimits.UPLOAD_PATH)
+    assert settings.SESSION_COOKIE_NAME == entrylimits.SESSION_COOKIE
+    assert settings.ENTRY_LIMITS.upload_route >= settings.RENDER_UPLOAD_PART_BYTES
 
 
 def test_render_redirects_to_the_render_jobs_page(alice_client: Client) -> None:
