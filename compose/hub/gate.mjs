@@ -147,7 +147,8 @@ export class GatedProxy extends ConfigurableProxy {
 
   refuse(req, res, status, words, headers = {}) {
     req.gateRefused = true;
-    this.log.warn("%s %s %s refused: %s", status, req.method, (req.url || "").split("?")[0], words);
+    const note = status === 429 ? this.log.info : this.log.warn; // a flood of 429s must not flood the log too
+    note.call(this.log, "%s %s %s refused: %s", status, req.method, (req.url || "").split("?")[0], words);
     if (res.headersSent) {
       req.socket.destroy();
       return;

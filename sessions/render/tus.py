@@ -115,7 +115,9 @@ def part(request: PortalRequest, token: str) -> HttpResponse:
         if request.content_type != PART_TYPE:
             raise Refused(415, f"A part is sent as {PART_TYPE}.")
         offset = _whole_number(request, "Upload-Offset")
-        size = int(request.META.get("CONTENT_LENGTH") or 0)
+        if not str(request.META.get("CONTENT_LENGTH", "")).isdigit():
+            raise Refused(411, "Send each part with its Content-Length.")
+        size = int(request.META["CONTENT_LENGTH"])
         upload = uploads.append(person, token, offset, request, size)
         return _answer(204, Upload_Offset=str(upload.offset))
     upload = uploads.find(person, token)

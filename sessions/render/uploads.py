@@ -17,7 +17,7 @@ import secrets
 import shutil
 import threading
 from collections import OrderedDict
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path, PurePosixPath
 from typing import Any, Protocol
 
@@ -163,7 +163,7 @@ def discard(upload: RenderUpload) -> None:
     RenderUpload.objects.filter(pk=upload.pk).delete()
 
 
-def remove_expired(now: Any = None) -> int:
+def remove_expired(now: datetime | None = None) -> int:
     """Uploads nobody has added to for PORTAL_RENDER_UPLOAD_EXPIRY_HOURS: removed with what they stored."""
     cutoff = (now or timezone.now()) - timedelta(hours=settings.RENDER_UPLOAD_EXPIRY_HOURS)
     expired = list(RenderUpload.objects.filter(updated_at__lt=cutoff))
