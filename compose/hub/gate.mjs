@@ -62,7 +62,10 @@ export class GatedProxy extends ConfigurableProxy {
       return this.refuse(req, res, 429, words, { "Retry-After": String(wait) });
     }
     const hasBody = req.headers["transfer-encoding"] !== undefined || Number(req.headers["content-length"]) > 0;
-    if (!hasBody) return super.handleProxyWeb(req, res);
+    if (!hasBody) {
+      if (expectsContinue) res.writeContinue();
+      return super.handleProxyWeb(req, res);
+    }
     req.pause(); // nothing of the body moves until the gate has decided
     let match;
     try {

@@ -321,7 +321,7 @@ def daphne_on(render_root: Path, **extra: str) -> Iterator[str]:
 @pytest.fixture(scope="session")
 def render_portal_server(django_db_setup: None, render_root: Path) -> Iterator[str]:
     """The portal under daphne with the render worker's render folder: what a browser uploads there is the
-    scene the worker renders, and the thumbnails the worker writes are the ones the pages send. (The session's
-    ``portal_server`` keeps the data folder's own render folder, which this run's worker never sees.)"""
+    scene the worker renders, and the thumbnails the worker writes are the ones the pages send. (Every process
+    of the run has that folder now, the session's ``portal_server`` too; this one is kept for its own log.)"""
     with once("render_portal_server", lambda: daphne_on(render_root)) as url:
         yield url
