@@ -18,6 +18,7 @@ import django_stubs_ext
 from csp.constants import NONE, SELF
 from django.core.exceptions import ImproperlyConfigured
 
+from portal import entrylimits
 from portal.datafiles import secret_file
 from portal.env import Env
 from portal.sso.keys import signing_key
@@ -295,8 +296,12 @@ STORAGES = {
 }
 MEDIA_ROOT = DATA_DIR / "media"
 
-# Request bodies: forms stay small; uploads get their own limits later.
-DATA_UPLOAD_MAX_MEMORY_SIZE = env.integer("PORTAL_MAX_BODY_BYTES", 2 * 1024 * 1024, minimum=1024)
+# Request bodies: forms stay small, a scene goes up in parts of at most RENDER_UPLOAD_PART_BYTES; the public
+# entry (compose/hub/gate.mjs) refuses a larger body before daphne holds it, with these same numbers (and the
+# same rate of upload starts as below).
+ENTRY_LIMITS = entrylimits.from_environ(env.source)
+DATA_UPLOAD_MAX_MEMORY_SIZE = ENTRY_LIMITS.form
+RENDER_UPLOAD_PART_BYTES = ENTRY_LIMITS.upload_part
 DATA_UPLOAD_MAX_NUMBER_FIELDS = 500
 
 SESSION_COOKIE_HTTPONLY = True
@@ -451,6 +456,15 @@ RENDER_MAX_UPLOAD_BYTES = env.integer("PORTAL_RENDER_MAX_UPLOAD_BYTES", 2 * 1024
 RENDER_MAX_UNPACKED_BYTES = env.integer("PORTAL_RENDER_MAX_UNPACKED_BYTES", 8 * 1024**3, minimum=1024)
 RENDER_MAX_ZIP_ENTRIES = env.integer("PORTAL_RENDER_MAX_ZIP_ENTRIES", 5000, minimum=1)
 RENDER_MAX_FRAMES = env.integer("PORTAL_RENDER_MAX_FRAMES", 10000, minimum=1)
+# A zip whose entries (any over 1 MiB, and all together) unpack to more than this many times what they take
+# packed is refused from its directory, before anything is unpacked.
+RENDER_MAX_COMPRESSION_RATIO = env.integer("PORTAL_RENDER_MAX_COMPRESSION_RATIO", 100, minimum=2)
+# Per person: uploads begun in each window (past it: 429 with Retry-After), render jobs not yet ended (uploads on
+# their way count), and how long an upload nobody adds to is kept before it is removed.
+RENDER_UPLOADS_PER_WINDOW = ENTRY_LIMITS.uploads_per_window
+RENDER_UPLOAD_WINDOW_MINUTES = ENTRY_LIMITS.upload_window_minutes
+RENDER_MAX_OPEN_JOBS = env.integer("PORTAL_RENDER_MAX_OPEN_JOBS", 10, minimum=1)
+RENDER_UPLOAD_EXPIRY_HOURS = env.integer("PORTAL_RENDER_UPLOAD_EXPIRY_HOURS", 24, minimum=1)
 # Days an ended job keeps its files (scene, frames, thumbnails); an hourly task then removes them, keeping
 # the job's record and every charge.
 RENDER_RETENTION_DAYS = env.integer("PORTAL_RENDER_RETENTION_DAYS", 30, minimum=1)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import socket
 import subprocess
 import threading
@@ -30,12 +31,19 @@ ROOT = Path(__file__).resolve().parents[1]
 ARTIFACTS = ROOT / "artifacts"
 RUN_ID = uuid.uuid4().hex[:8]
 STACK = {name: processes.free_port() for name in ("public", "portal", "hub", "proxy_api")}
+# The render folder this run's processes share (daphne stores uploads there, the default queue's worker unpacks
+# them, the render worker renders): outside pytest's temporary folders, which another pytest run on the machine
+# prunes while this run's workers may still write into them. Tests of files alone use a folder of their own.
+RENDER_ROOT = Path(f"/var/tmp/gpu-portal-render-root-{RUN_ID}")  # noqa: S108  # named for this run alone
 TEST_NETWORK_PREFIX = "gpu-portal-test-"
 
 
 def pytest_configure(config: pytest.Config) -> None:
     """Keep this run's Redis keys, queues and groups apart from a running portal and other runs."""
     settings.CELERY_TASK_DEFAULT_QUEUE = f"test-{RUN_ID}"
+    # One render folder for this process, daphne and the workers (processes.child_env passes it on).
+    settings.RENDER_DIR = RENDER_ROOT
+    RENDER_ROOT.mkdir(exist_ok=True)
     settings.INSTANCE_ID = f"test-{RUN_ID}"  # reconciliation here never touches another run's containers
     settings.CACHES["default"]["KEY_PREFIX"] = f"test-{RUN_ID}"
     settings.CHANNEL_LAYERS["default"]["CONFIG"]["prefix"] = f"test-{RUN_ID}"  # type: ignore[index]
@@ -59,6 +67,10 @@ def pytest_configure(config: pytest.Config) -> None:
     (ARTIFACTS / "logs").mkdir(parents=True, exist_ok=True)
     (ARTIFACTS / "screenshots").mkdir(parents=True, exist_ok=True)
     _flush_again_after_a_deadlock()
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    shutil.rmtree(RENDER_ROOT, ignore_errors=True)
 
 
 def _flush_again_after_a_deadlock() -> None:

@@ -5,6 +5,7 @@
 import os
 from pathlib import Path
 
+from portal import entrylimits
 from portal.env import Env
 from sessions.runtime.network import from_environ
 
@@ -39,10 +40,12 @@ c.JupyterHub.template_paths = [str(ROOT / "compose/hub/templates")]
 c.JupyterHub.template_vars = {"portal_sessions_url": f"{PUBLIC}/sessions/"}
 
 c.ConfigurableHTTPProxy.api_url = f"http://127.0.0.1:{PROXY_API_PORT}"
+# configurable-http-proxy with the gate on request bodies the portal's own entry uses (compose/hub/gate.mjs).
 c.ConfigurableHTTPProxy.command = [
-    str(ROOT / "compose/hub/node_modules/.bin/configurable-http-proxy"),
+    str(ROOT / "compose/hub/gate.mjs"),
     "--default-target",
     PORTAL,
+    *entrylimits.from_environ(os.environ).gate_arguments(),
 ]
 # make run supervises the proxy as a program of its own (compose/hub/proxy.py, same token file), so a hub
 # crash leaves the public address up; the tests' hub starts it itself. A proxy that restarts comes back

@@ -1,10 +1,12 @@
-"""configurable-http-proxy as a program of its own (make run's supervisor): the one public address.
+"""The public entry as a program of its own (make run's supervisor): the one public address.
 
-It sends /jupyter/ to the hub and the notebook servers, everything else to daphne, so a hub that
-crashes leaves the portal's pages up. The hub reaches its API with the same token (read from
-<data dir>/proxy_auth_token, made once) and puts its routes back when the proxy comes back empty
-(jupyterhub_config.py, PORTAL_HUB_STARTS_PROXY=false). Started as JupyterHub itself would start it;
-this process becomes the proxy (exec), so the supervisor's pid is the proxy's.
+compose/hub/gate.mjs is configurable-http-proxy with a gate on request bodies (their limits from
+portal/entrylimits.py, the same as the tests' hub passes). It sends /jupyter/ to the hub and the notebook
+servers, everything else to daphne, so a hub that crashes leaves the portal's pages up. The hub reaches
+its API with the same token (read from <data dir>/proxy_auth_token, made once) and puts its routes back
+when the proxy comes back empty (jupyterhub_config.py, PORTAL_HUB_STARTS_PROXY=false). Started as
+JupyterHub itself would start it; this process becomes the proxy (exec), so the supervisor's pid is the
+proxy's.
 """
 
 from __future__ import annotations
@@ -16,10 +18,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
+from portal import entrylimits  # noqa: E402
 from portal.datafiles import secret_file  # noqa: E402
 from sessions.runtime.network import from_environ  # noqa: E402
 
-PROXY = ROOT / "compose/hub/node_modules/.bin/configurable-http-proxy"
+PROXY = ROOT / "compose/hub/gate.mjs"
 
 
 def auth_token(environ: dict[str, str]) -> str:
@@ -47,6 +50,7 @@ def command(environ: dict[str, str]) -> list[str]:
         # warn: the hub's route checks every 10 s would otherwise fill the console; route changes are the hub's log
         "--log-level",
         "warn",
+        *entrylimits.from_environ(environ).gate_arguments(),
     ]
 
 

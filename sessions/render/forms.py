@@ -1,7 +1,8 @@
 """The render upload form, the main-file choice of a zip with several scenes, and the staff's job filter.
 
-The scene field comes last: browsers send fields in page order, so the settings are read before the
-file streams in, and a refused upload still shows them as typed.
+The scene itself is not in the form's body: it goes up first, in parts (sessions/render/tus.py), and the form
+names the upload and the SHA-256 the page computed of the file. A form refused for one of its settings keeps
+the upload, so the settings can be corrected without sending the file again.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from typing import Any
 
 from django import forms
 from django.conf import settings
+from django.http import QueryDict
 
 from sessions.gpus.models import Slice
 from sessions.notebooks.forms import offer_choice_label
@@ -60,22 +62,38 @@ class RenderJobForm(forms.Form):
         help_text="Only for a zip holding several .blend files, e.g. <code>shots/main.blend</code>; "
         "leave it empty and you are asked after the upload.",
     )
-    scene = forms.FileField(
-        label="Scene (.blend, or a .zip with its assets)",
-        allow_empty_file=True,  # an empty file gets the scene check's own words
-        widget=forms.ClearableFileInput(attrs={"accept": ".blend,.zip"}),
+    # The scene went up already, in parts (sessions/render/tus.py); the page's script puts its address and the
+    # SHA-256 it computed of the file here. Without them nothing was uploaded.
+    upload = forms.SlugField(
+        max_length=32,
+        widget=forms.HiddenInput,
+        error_messages={"required": "Choose the scene's file (.blend, or a .zip with its assets) to upload it."},
+    )
+    sha256 = forms.RegexField(
+        regex=r"^[0-9a-fA-F]{64}$",
+        widget=forms.HiddenInput,
+        error_messages={
+            "required": "The page did not say the file's SHA-256; reload it and upload the file again.",
+            "invalid": "The page did not say the file's SHA-256; reload it and upload the file again.",
+        },
     )
 
-    def __init__(self, *args: Any, offers: list[Offer], refusal: str = "", **kwargs: Any) -> None:
+    def __init__(self, *args: Any, offers: list[Offer], **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.offers, self.refusal = offers, refusal
+        self.offers = offers
         offer_field = self.fields["offer"]
         assert isinstance(offer_field, forms.ChoiceField)
         offer_field.choices = [(offer.key, offer_choice_label(offer)) for offer in offers]
-        self.fields["scene"].help_text = f"At most {size_words(settings.RENDER_MAX_UPLOAD_BYTES)}."
+        self.scene_help = f"At most {size_words(settings.RENDER_MAX_UPLOAD_BYTES)}."
         self._offer_writable_formats()
-        if refusal:  # the body was stopped: the field is empty because of the refusal, which clean_scene says
-            self.fields["scene"].required = False
+
+    def scene_refused(self, message: str) -> None:
+        """The upload was refused and removed: the form asks for the file again, saying why."""
+        data = QueryDict(mutable=True)
+        data.update(self.data)
+        data["upload"] = data["sha256"] = ""
+        self.data = data
+        self.add_error("upload", message)
 
     def _offer_writable_formats(self) -> None:
         """The formats the render image's Blender writes, as its last probe said (all of ours until one has)."""
@@ -87,11 +105,6 @@ class RenderJobForm(forms.Form):
         field.choices = [(value, label) for value, label in RenderJob.OutputFormat.choices if value in writes]
         if RenderJob.OutputFormat.OPEN_EXR not in writes:
             field.help_text = "This portal's Blender build writes no OpenEXR."
-
-    def clean_scene(self) -> Any:
-        if self.refusal:  # the upload handler stopped the body: say why, not that the field is empty
-            raise forms.ValidationError(self.refusal)
-        return self.cleaned_data["scene"]
 
     def clean_frames(self) -> tuple[int, ...]:
         try:

@@ -1,5 +1,6 @@
-"""The render job services up to the estimate: a checked upload becomes a job, its owner picks the main
-file of a zip that holds several, and a job that has not been queued yet is cancelled.
+"""The render job services up to the estimate: a complete upload becomes a job (which a task then unpacks,
+sessions/render/unpacking.py), its owner picks the main file of a zip that holds several, and a job that has not
+been queued yet is cancelled.
 
 Only these functions (and the later steps' services) change a job; each takes the row's lock, moves
 it through ``RenderJob.move`` and saves the fields that step wrote.
@@ -7,6 +8,7 @@ it through ``RenderJob.move`` and saves the fields that step wrote.
 
 from __future__ import annotations
 
+import hmac
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path, PurePosixPath
@@ -16,13 +18,15 @@ from django.contrib.auth.models import User
 from django.db import transaction
 from django.utils import timezone
 
+from portal.celery import send_on_commit
 from sessions.gpus.allocator import SliceRequest
 from sessions.render import files, scenefile
-from sessions.render.models import RenderJob
-from sessions.render.scenefile import SceneRefused, ZipLimits
-from sessions.render.uploads import Upload, remove_folder
+from sessions.render.models import RenderJob, RenderUpload
+from sessions.render.scenefile import SceneRefused, ZipLimits, size_words
+from sessions.render.uploads import discard, remove_folder, stored_path
 
 State = RenderJob.State
+UNPACK_JOB = "sessions.render.tasks.unpack_job"
 
 
 @dataclass(frozen=True)
@@ -42,19 +46,67 @@ class JobChoices:
 
 
 def zip_limits() -> ZipLimits:
-    return ZipLimits(settings.RENDER_MAX_ZIP_ENTRIES, settings.RENDER_MAX_UNPACKED_BYTES)
+    return ZipLimits(
+        settings.RENDER_MAX_ZIP_ENTRIES, settings.RENDER_MAX_UNPACKED_BYTES, settings.RENDER_MAX_COMPRESSION_RATIO
+    )
 
 
-def create_job(owner: User, upload: Upload, choices: JobChoices) -> RenderJob:
-    """Check the stored upload and record its job: ``validated`` with its main file known, or ``uploaded``
-    while its owner has to say which of the zip's .blend files is the scene. SceneRefused leaves the
-    upload for the caller to discard."""
-    assert upload.path is not None and upload.kind, "the upload handler stored nothing"
+def create_job(owner: User, token: str, sha256: str, choices: JobChoices) -> RenderJob:
+    """Turn one of the person's complete uploads into a job that waits to be unpacked, once every byte is the one
+    the browser hashed and a first look (the .blend's header, the zip's directory, each read in a moment) finds
+    a scene. SceneRefused otherwise: its files go, except for an upload that is not complete yet (it resumes).
+    The unpacking itself (a Celery task, ``sessions.render.unpacking``) reads the rest."""
+    with transaction.atomic():
+        upload = RenderUpload.objects.select_for_update().filter(owner=owner, token=token).first()
+        if upload is None:
+            raise SceneRefused(
+                "The upload is gone (cancelled, or kept too long unused); upload the file again.", "gone"
+            )
+        if not upload.complete:
+            raise SceneRefused(
+                f"Only {size_words(upload.offset)} of {size_words(upload.length)} of '{upload.name}' arrived; "
+                "let the upload finish.",
+                "incomplete",
+            )
+        try:
+            blend_files = _first_look(upload, sha256, choices.main_file)
+        except SceneRefused as refused:
+            refusal = refused
+        else:
+            return _recorded(owner, upload, blend_files, choices)
+    discard(upload)
+    raise refusal
+
+
+def _first_look(upload: RenderUpload, sha256: str, wanted: str) -> list[str]:
+    """The checks quick enough for a request: the hash, then the .blend's header or the zip's directory (at most
+    PORTAL_RENDER_MAX_ZIP_ENTRIES entries, their sizes and compression ratios). Returns the zip's .blend files."""
+    if not hmac.compare_digest(upload.sha256, sha256.lower()):
+        raise SceneRefused(
+            f"What arrived of '{upload.name}' is not the file you chose (its SHA-256 differs: the file changed, or "
+            "it was damaged on its way); upload it again.",
+            "sha256",
+        )
+    if upload.kind == "blend":
+        scenefile.check_blend_header(stored_path(upload), upload.name)
+        return []
+    blends = scenefile.check_zip(stored_path(upload), zip_limits()).blend_files
+    if wanted and wanted not in blends:
+        raise SceneRefused(_not_in_zip(wanted, blends), "no_such_main")
+    return list(blends)
+
+
+def _recorded(owner: User, upload: RenderUpload, blend_files: list[str], choices: JobChoices) -> RenderJob:
+    """The job, in the upload's folder, waiting to be unpacked; the upload's row goes. Its task is sent once
+    this commits."""
     job = RenderJob(
         owner=owner,
+        state=State.UNPACKING,
         upload_name=upload.name,
-        folder=upload.relative,
-        upload_bytes=upload.size,
+        folder=upload.folder,
+        upload_bytes=upload.length,
+        blend_files=blend_files,
+        main_file="scene.blend" if upload.kind == "blend" else choices.main_file,
         frame_spec=choices.frame_spec,
         frames=list(choices.frames),
         frame_count=len(choices.frames),
@@ -68,28 +120,14 @@ def create_job(owner: User, upload: Upload, choices: JobChoices) -> RenderJob:
         chunk_size=choices.chunk_size,
         max_slices=choices.max_slices,
     )
-    if upload.kind == "zip":
-        _unpack(job, upload, choices.main_file)
-    else:
-        _check_main(job, "scene.blend", upload.name)
-        job.scene_bytes = upload.size
     job.save(force_insert=True)
-    upload.keep()
+    upload.delete()
+    send_on_commit(UNPACK_JOB, job.pk, noted=lambda: unpack_sent(job.pk))
     return job
 
 
-def _unpack(job: RenderJob, upload: Upload, wanted: str) -> None:
-    assert upload.path is not None
-    if wanted:  # named up front: refuse a wrong name before unpacking anything
-        blends = scenefile.check_zip(upload.path, zip_limits()).blend_files
-        if wanted not in blends:
-            raise SceneRefused(_not_in_zip(wanted, blends), "no_such_main")
-    scene = scenefile.extract_zip(upload.path, job.scene_path(), zip_limits())
-    upload.path.unlink()
-    job.scene_bytes, job.blend_files = scene.unpacked_bytes, list(scene.blend_files)
-    main = wanted or (scene.blend_files[0] if len(scene.blend_files) == 1 else "")
-    if main:
-        _check_main(job, main)
+def unpack_sent(job_id: int) -> None:
+    RenderJob.objects.filter(pk=job_id).update(unpack_sent_at=timezone.now())
 
 
 def _not_in_zip(wanted: str, blends: tuple[str, ...]) -> str:
@@ -97,26 +135,34 @@ def _not_in_zip(wanted: str, blends: tuple[str, ...]) -> str:
     return f"The zip holds no '{wanted[:200]}'; its .blend files are {listed}."
 
 
-def _check_main(job: RenderJob, main: str, shown_as: str = "") -> None:
-    """Read the main file's header and blocks; the job is ``validated`` once it passes."""
+def check_main(job: RenderJob, main: str, shown_as: str = "", progress: scenefile.Progress | None = None) -> None:
+    """Read the main file's header and blocks; the job is ``validated`` once it passes. Reads (and decompresses)
+    the whole file: called by the unpacking task, and by a choice among a zip's files (a file of it at most)."""
     path = job.scene_path().joinpath(*PurePosixPath(main).parts)
-    found = scenefile.check_blend(path, settings.RENDER_MAX_UNPACKED_BYTES, shown_as or main)
+    found = scenefile.check_blend(path, settings.RENDER_MAX_UNPACKED_BYTES, shown_as or main, progress)
     job.main_file, job.blender_version = main, found.version
     job.move(State.VALIDATED)
 
 
 def choose_main_file(job_id: int, main: str) -> RenderJob:
-    """Its owner names the scene among the zip's .blend files; SceneRefused if it is not one of them, or
-    not a readable .blend (the job then waits for another choice)."""
+    """Its owner names the scene among the zip's .blend files; SceneRefused if it is not one of them, or its first
+    bytes say it is no .blend (the job then waits for another choice). The job goes back to its unpacking task,
+    which reads the whole file, outside this request and this lock."""
     with transaction.atomic():
         job = RenderJob.objects.select_for_update().get(pk=job_id)
         if job.state != State.UPLOADED:
             raise RenderJob.BadStep("This job's main file is already chosen.")
         if main not in job.blend_files:
             raise SceneRefused(_not_in_zip(main, tuple(job.blend_files)), "no_such_main")
-        _check_main(job, main)
-        job.save(update_fields=["state", "main_file", "blender_version"])
+        scenefile.check_blend_header(job.scene_path().joinpath(*PurePosixPath(main).parts), main)
+        job.main_file, job.unpack_sent_at, job.unpack_heard_at = main, None, None
+        job.save(update_fields=[*job.move(State.UNPACKING), "main_file", "unpack_sent_at", "unpack_heard_at"])
+        send_on_commit(UNPACK_JOB, job.pk, noted=lambda: unpack_sent(job.pk))
     return job
+
+
+def locked(job_id: int) -> RenderJob:
+    return RenderJob.objects.select_for_update().get(pk=job_id)
 
 
 def move(job_id: int, to: RenderJob.State, message: str = "") -> RenderJob:
@@ -152,11 +198,13 @@ def remove_files(job: RenderJob) -> bool:
 
 
 def remove_orphan_folders(untouched_for: timedelta = timedelta(hours=6)) -> int:
-    """Remove job folders that no job owns and nothing has written to for ``untouched_for``: what an upload
-    left when its process died mid-stream (a refused one removes its own at once). Returns how many."""
+    """Remove job folders that no job or upload owns and nothing has written to for ``untouched_for``: what an
+    upload left when its process died before its row was written (a refused one removes its own at once).
+    Returns how many."""
     root = Path(settings.RENDER_DIR)
     found = {f"{folder.parent.name}/{folder.name}": folder for folder in root.glob("*/*") if folder.is_dir()}
     owned = set(RenderJob.objects.filter(folder__in=list(found)).values_list("folder", flat=True))
+    owned |= set(RenderUpload.objects.filter(folder__in=list(found)).values_list("folder", flat=True))
     cutoff = (timezone.now() - untouched_for).timestamp()
     removed = 0
     for relative, folder in found.items():

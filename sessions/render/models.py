@@ -24,6 +24,7 @@ if TYPE_CHECKING:
 
 class RenderJob(models.Model):
     class State(models.TextChoices):
+        UNPACKING = "unpacking", "Unpacking"
         UPLOADED = "uploaded", "Uploaded"
         VALIDATED = "validated", "Checked"
         ESTIMATING = "estimating", "Estimating"
@@ -40,7 +41,9 @@ class RenderJob(models.Model):
 
     # Every step a job may take, in one place. A failed job may be queued again (its failed frames).
     NEXT: dict[str, frozenset[str]] = {
-        State.UPLOADED: frozenset({State.VALIDATED, State.FAILED, State.CANCELLED}),
+        # A Celery task unpacks (or decompresses) and checks the scene, off the request and outside any lock.
+        State.UNPACKING: frozenset({State.UPLOADED, State.VALIDATED, State.FAILED, State.CANCELLED}),
+        State.UPLOADED: frozenset({State.UNPACKING, State.FAILED, State.CANCELLED}),
         State.VALIDATED: frozenset({State.ESTIMATING, State.FAILED, State.CANCELLED}),
         State.ESTIMATING: frozenset({State.AWAITING_CONFIRMATION, State.FAILED, State.CANCELLED}),
         State.AWAITING_CONFIRMATION: frozenset({State.QUEUED, State.ESTIMATING, State.CANCELLED}),
@@ -52,10 +55,10 @@ class RenderJob(models.Model):
     }
     ENDED = (State.DONE, State.FAILED, State.CANCELLED)
     # Before it is queued nothing of it runs on a slice: cancelling only removes its files.
-    BEFORE_QUEUE = (State.UPLOADED, State.VALIDATED, State.AWAITING_CONFIRMATION)
+    BEFORE_QUEUE = (State.UNPACKING, State.UPLOADED, State.VALIDATED, State.AWAITING_CONFIRMATION)
 
     owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="render_jobs")
-    state = models.CharField(max_length=24, choices=State.choices, default=State.UPLOADED)
+    state = models.CharField(max_length=24, choices=State.choices, default=State.UNPACKING)
     upload_name = models.CharField(max_length=255, help_text="The uploaded file's name, as the browser sent it.")
     folder = models.CharField(
         max_length=200, help_text="The job's folder, relative to PORTAL_RENDER_DIR: <owner's folder>/<random name>."
@@ -91,6 +94,17 @@ class RenderJob(models.Model):
         blank=True,
         help_text="When the probe's task last went to the broker or last ran; empty: never sent (the broker did "
         "not answer), so reconciliation sends it.",
+    )
+    unpack_sent_at = models.DateTimeField(
+        null=True,
+        blank=True,
+        help_text="When the unpacking task last reached the broker; empty: never (the broker did not answer), so "
+        "reconciliation sends it.",
+    )
+    unpack_heard_at = models.DateTimeField(
+        null=True,
+        blank=True,
+        help_text="When a task unpacking it last said it runs; one silent for long was lost with its worker.",
     )
     files_removed_at = models.DateTimeField(
         null=True,
@@ -241,3 +255,32 @@ class RenderFrame(models.Model):
 
     def __str__(self) -> str:
         return f"frame {self.number} of job {self.job_id} ({self.state})"
+
+
+class RenderUpload(models.Model):
+    """A scene on its way up, in parts (the tus protocol): assembled on disk in the folder that becomes its job's,
+    resumable after a dropped connection, until its owner's form turns it into a job (and this row goes)."""
+
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="render_uploads")
+    token = models.CharField(max_length=32, unique=True, help_text="Its address: 128 random bits.")
+    folder = models.CharField(max_length=200, help_text="Relative to PORTAL_RENDER_DIR: <owner's folder>/<random>.")
+    name = models.CharField(max_length=255, help_text="The file's name, as the browser sent it.")
+    kind = models.CharField(max_length=8, help_text="blend or zip, from the name.")
+    length = models.PositiveBigIntegerField(help_text="The whole file's size, declared when it began.")
+    offset = models.PositiveBigIntegerField(default=0, help_text="How much of it is on disk.")
+    sha256 = models.CharField(max_length=64, blank=True, help_text="Of the whole file, once every byte is in.")
+    created_at = models.DateTimeField(default=timezone.now)
+    updated_at = models.DateTimeField(default=timezone.now, help_text="When its last part arrived.")
+
+    class Meta:
+        indexes = [models.Index(fields=["owner", "created_at"], name="render_upload_owner_idx")]
+
+    def __str__(self) -> str:
+        return f"upload {self.name} of {self.owner} ({self.offset} of {self.length} bytes)"
+
+    @property
+    def complete(self) -> bool:
+        return self.offset == self.length
+
+    def folder_path(self) -> Path:
+        return Path(settings.RENDER_DIR) / self.folder

@@ -7,13 +7,14 @@ for the time a dead worker held them, and each job is given slices and workers a
 what a crashed job left: slices a finished (or vanished) job still holds, containers of jobs that ended,
 chunks whose container is gone (their slice released at its last proof of life); seeks slices for jobs that
 wait, releases slices nobody has worked on for a while (their worker died between chunks) and sends workers
-to slices never started; and sends the estimate again where its task was lost (a broker that did not answer
-the upload).
+to slices never started; and sends the estimate, or the unpacking of an upload, again where its task was lost
+(a broker that did not answer the upload, a worker that died).
 As with notebooks (sessions/notebooks/reconcile.py), safe to run at any time.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 from datetime import timedelta
 
@@ -21,10 +22,11 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
+from portal.celery import send
 from sessions.gpus import holdings
 from sessions.gpus.holders import HolderKind
 from sessions.gpus.models import Slice
-from sessions.render import containers, progress, services
+from sessions.render import containers, jobs, progress, services, unpacking
 from sessions.render.models import RenderChunk, RenderFrame, RenderJob
 from sessions.runtime.docker import DockerRuntime
 
@@ -89,6 +91,7 @@ def reconcile(runtime: DockerRuntime | None = None) -> dict[str, int]:
     runtime = runtime or DockerRuntime()
     counts = {"slices_released": 0, "containers_removed": 0, "chunks_put_back": 0, "workers_sent": 0}
     counts["estimates_sent"] = _send_lost_estimates()
+    counts["unpacking_sent"] = _send_lost_unpacking()
     counts["slices_released"] = _release_leftover_slices(runtime)
     counts["containers_removed"] = _remove_leftover_containers(runtime)
     counts["chunks_put_back"] = _put_back_lost_chunks(runtime)
@@ -137,6 +140,23 @@ def _send_lost_estimates() -> int:
             services.resume_estimate(job_id)
         except Exception as error:  # one job's send must not stop the rest
             log.error("render job %s: could not send its estimate: %s", job_id, error)
+            continue
+        sent += 1
+    return sent
+
+
+def _send_lost_unpacking() -> int:
+    """Jobs waiting to be unpacked that nobody has heard of for a while: their task never reached the broker, or
+    its worker died mid-way. A task sent twice unpacks once (``unpacking.claim``)."""
+    cutoff = timezone.now() - unpacking.SILENCE
+    quiet = Q(unpack_sent_at__isnull=True) | Q(unpack_sent_at__lt=cutoff)
+    silent = Q(unpack_heard_at__isnull=True) | Q(unpack_heard_at__lt=cutoff)
+    sent = 0
+    for job_id in RenderJob.objects.filter(quiet, silent, state=RenderJob.State.UNPACKING).values_list("pk", flat=True):
+        try:
+            send(jobs.UNPACK_JOB, job_id, noted=functools.partial(jobs.unpack_sent, job_id))
+        except Exception as error:  # the broker is away: the next run tries again
+            log.error("render job %s: could not send its unpacking: %s", job_id, error)
             continue
         sent += 1
     return sent

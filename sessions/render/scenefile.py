@@ -16,7 +16,7 @@ import stat
 import struct
 import zipfile
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
@@ -65,24 +65,65 @@ class BlendFile:
 # A .blend ----------------------------------------------------------------------------------------
 
 
-def check_blend(path: Path, max_unpacked_bytes: int, name: str = "") -> BlendFile:
+Progress = Callable[[int], object]  # told how many bytes of the file have been read so far
+
+
+def check_blend(path: Path, max_unpacked_bytes: int, name: str = "", progress: Progress | None = None) -> BlendFile:
     """The file at ``path`` as a .blend, or SceneRefused: not a Blender file, empty, truncated, damaged,
-    or (decompressed) larger than ``max_unpacked_bytes``."""
+    or (decompressed) larger than ``max_unpacked_bytes``. Reads (and decompresses) all of it: not for a request."""
     label = f"'{name}'" if name else "The file"
-    with path.open("rb") as raw:
-        magic = raw.read(len(BLEND_MAGIC))
-        raw.seek(0)
-        if not magic:
-            raise SceneRefused(f"{label} is empty.", "empty")
-        compression = "gzip" if magic.startswith(GZIP_MAGIC) else "zstd" if magic.startswith(ZSTD_MAGIC) else "none"
+    with path.open("rb") as raw, _opened(raw, label) as compression:
+        watched: BinaryIO = _Watched(raw, progress) if progress else raw  # type: ignore[assignment]  # reads alike
         try:
-            with _decompressed(raw, compression) as stream:
+            with _decompressed(watched, compression) as stream:
                 plain_size = path.stat().st_size if compression == "none" else None
                 return _read_blend(stream, compression, max_unpacked_bytes, label, plain_size)
         except (EOFError, gzip.BadGzipFile, zlib.error, zstandard.ZstdError) as error:
             raise SceneRefused(
                 f"{label} is a damaged or incomplete {compression}-compressed file ({error}).", "truncated"
             ) from None
+
+
+def check_blend_header(path: Path, name: str = "") -> None:
+    """A first look that reads only the start of the file (decompressing its first bytes): SceneRefused if it is
+    empty or not a Blender file Blender 4.x can read. Quick enough for a request; check_blend reads the rest."""
+    label = f"'{name}'" if name else "The file"
+    with path.open("rb") as raw, _opened(raw, label) as compression:
+        try:
+            with _decompressed(raw, compression) as stream:
+                _read_header(stream, compression, label)
+        except (EOFError, gzip.BadGzipFile, zlib.error, zstandard.ZstdError) as error:
+            raise SceneRefused(
+                f"{label} is a damaged or incomplete {compression}-compressed file ({error}).", "truncated"
+            ) from None
+
+
+@contextmanager
+def _opened(raw: BinaryIO, label: str) -> Iterator[str]:
+    """How the file is compressed, read from its first bytes (the file left at its start); SceneRefused if empty."""
+    magic = raw.read(len(BLEND_MAGIC))
+    raw.seek(0)
+    if not magic:
+        raise SceneRefused(f"{label} is empty.", "empty")
+    yield "gzip" if magic.startswith(GZIP_MAGIC) else "zstd" if magic.startswith(ZSTD_MAGIC) else "none"
+
+
+class _Watched:
+    """A file that says how far it has been read, every 4 MiB or so."""
+
+    def __init__(self, raw: BinaryIO, progress: Progress) -> None:
+        self.raw, self.progress, self._told = raw, progress, 0
+
+    def read(self, size: int = -1) -> bytes:
+        data = self.raw.read(size)
+        where = self.raw.tell()
+        if where - self._told >= 4 * _READ or not data:
+            self._told = where
+            self.progress(where)
+        return data
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.raw, name)
 
 
 @contextmanager
@@ -99,6 +140,17 @@ def _decompressed(raw: BinaryIO, compression: str) -> Iterator[BinaryIO]:
 
 
 def _read_blend(stream: BinaryIO, compression: str, limit: int, label: str, plain_size: int | None) -> BlendFile:
+    header, pointer, endian = _read_header(stream, compression, label)
+    head = struct.Struct(endian + ("4siIii" if pointer == 4 else "4siQii"))
+    blocks = _walk_blocks(stream, head, limit, label, plain_size)
+    if compression != "none":
+        stream.read(_READ)  # to the compressed stream's end: a cut or corrupt one raises here
+    version = header[9:12].decode()
+    return BlendFile(f"{int(version[0])}.{int(version[1:])}", pointer, endian == "<", compression, blocks)
+
+
+def _read_header(stream: BinaryIO, compression: str, label: str) -> tuple[bytes, int, str]:
+    """The file's 12-byte header, its pointer size and byte order; SceneRefused if it is no Blender file."""
     header = _read_exactly(stream, 12)
     if len(header) < 12 and BLEND_MAGIC.startswith(header[: len(BLEND_MAGIC)]):
         raise SceneRefused(f"{label} is incomplete: it ends inside its header.", "truncated")
@@ -114,12 +166,7 @@ def _read_blend(stream: BinaryIO, compression: str, limit: int, label: str, plai
     endian = {b"v": "<", b"V": ">"}.get(header[8:9])
     if pointer is None or endian is None or not header[9:12].isdigit():
         raise SceneRefused(f"{label} starts like a Blender file but its header is damaged.", "truncated")
-    head = struct.Struct(endian + ("4siIii" if pointer == 4 else "4siQii"))
-    blocks = _walk_blocks(stream, head, limit, label, plain_size)
-    if compression != "none":
-        stream.read(_READ)  # to the compressed stream's end: a cut or corrupt one raises here
-    version = header[9:12].decode()
-    return BlendFile(f"{int(version[0])}.{int(version[1:])}", pointer, endian == "<", compression, blocks)
+    return header, pointer, endian
 
 
 def _not_blender(header: bytes, compression: str, label: str) -> str:
@@ -193,6 +240,10 @@ def _skip(stream: BinaryIO, count: int, plain_size: int | None) -> int:
 class ZipLimits:
     max_entries: int
     max_unpacked_bytes: int
+    max_ratio: int = 100  # what an entry over RATIO_FROM, or the whole zip, may unpack to, in times its packed size
+
+
+RATIO_FROM = 1024 * 1024  # smaller entries may compress as well as they like: they unpack to little
 
 
 @dataclass(frozen=True)
@@ -255,12 +306,35 @@ def _judge(members: list[zipfile.ZipInfo], limits: ZipLimits) -> ZipScene:
             )
         if _is_blend(name):
             blends.append(name)
+    _check_ratio(members, limits.max_ratio)
     clash = files & folders
     if clash:
         raise SceneRefused(f"The zip holds '{min(clash)}' both as a file and as a folder.", "duplicate")
     if not blends:
         raise SceneRefused("The zip holds no .blend file: put the scene's .blend in it with its assets.", "no_blend")
     return ZipScene(tuple(sorted(blends)), len(members), unpacked)
+
+
+def _check_ratio(members: list[zipfile.ZipInfo], most: int) -> None:
+    """Refuse a zip that unpacks to many times its packed size (a zip of zeros is about 1,000:1), from what its
+    directory declares: each entry over RATIO_FROM, and all of them together. Extraction then holds each entry
+    to its declared size, so a directory that lies is caught there."""
+    files = [member for member in members if not member.is_dir()]
+    for member in files:
+        _held_to_ratio(f"'{entry_path(member)[:200]}' in the zip", member.file_size, member.compress_size, most)
+    unpacked, packed = sum(m.file_size for m in files), sum(m.compress_size for m in files)
+    _held_to_ratio("The zip", unpacked, packed, most)
+
+
+def _held_to_ratio(what: str, unpacked: int, packed: int, most: int) -> None:
+    if unpacked <= RATIO_FROM or unpacked <= most * max(1, packed):
+        return
+    raise SceneRefused(
+        f"{what} unpacks to {unpacked / max(1, packed):,.0f} times its packed size ({size_words(unpacked)} from "
+        f"{size_words(packed)}); a scene's zip may unpack to at most {most} times. Files that compress that well "
+        "are mostly empty: leave them out, or zip them without compression.",
+        "ratio",
+    )
 
 
 def entry_path(member: zipfile.ZipInfo) -> str:
@@ -326,17 +400,20 @@ def _zip64_entries(raw: BinaryIO, end_record_at: int) -> tuple[int, int]:
     return fields[7], fields[8]
 
 
-def extract_zip(path: Path, into: Path, limits: ZipLimits) -> ZipScene:
+def extract_zip(path: Path, into: Path, limits: ZipLimits, progress: Progress | None = None) -> ZipScene:
     """Check the zip, then extract it below ``into`` (which must not exist yet). Each entry is written
     through a new file that never follows a link, held to the size the directory declared; on any
-    refusal or error ``into`` is removed again."""
+    refusal or error ``into`` is removed again. ``progress`` hears the bytes written so far after each entry and
+    every few MiB. Reads and writes all of it: not for a request."""
     scene = check_zip(path, limits)
     into.mkdir(mode=0o750)
+    told = progress or (lambda _written: None)
     try:
         with zipfile.ZipFile(path) as archive:
             written = 0
             for member in archive.infolist():
-                written += _extract(archive, member, into, limits.max_unpacked_bytes - written)
+                written += _extract(archive, member, into, limits.max_unpacked_bytes - written, written, told)
+                told(written)
     except SceneRefused:
         shutil.rmtree(into, ignore_errors=True)
         raise
@@ -346,7 +423,9 @@ def extract_zip(path: Path, into: Path, limits: ZipLimits) -> ZipScene:
     return scene
 
 
-def _extract(archive: zipfile.ZipFile, member: zipfile.ZipInfo, into: Path, room: int) -> int:
+def _extract(
+    archive: zipfile.ZipFile, member: zipfile.ZipInfo, into: Path, room: int, before: int, told: Progress
+) -> int:
     target = into.joinpath(*PurePosixPath(entry_path(member)).parts)
     if not target.resolve().is_relative_to(into.resolve()):
         raise SceneRefused(f"The zip holds a path that leaves its folder ('{member.filename[:200]}').", "parent")
@@ -362,6 +441,8 @@ def _extract(archive: zipfile.ZipFile, member: zipfile.ZipInfo, into: Path, room
             if written > member.file_size or written > room:
                 raise SceneRefused(f"'{member.filename[:200]}' unpacks to more than the zip declared.", "too_big")
             out.write(chunk)
+            if written % (8 * _READ) < len(chunk):
+                told(before + written)
     return written
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from celery import shared_task
 from celery.app.task import Task
 
-from sessions.render import chunks, recovery, retention, services
+from sessions.render import chunks, recovery, retention, services, unpacking, uploads
 from sessions.render.jobs import remove_orphan_folders
 
 PROBE_RETRY_S = 30
@@ -19,8 +19,15 @@ PROBE_RETRIES = 40  # twenty minutes of waiting for a slice, then the job fails 
 
 @shared_task
 def remove_orphan_uploads() -> int:
-    """Hourly: remove what uploads cut off by a crash left on disk (folders no job owns, long untouched)."""
-    return remove_orphan_folders()
+    """Hourly: uploads nobody added to for PORTAL_RENDER_UPLOAD_EXPIRY_HOURS go, and what a crash left on disk
+    (folders no job or upload owns, long untouched)."""
+    return uploads.remove_expired() + remove_orphan_folders()
+
+
+@shared_task
+def unpack_job(job_id: int) -> str:
+    """An uploaded scene unpacked and checked, off the request (the default queue: it never waits behind renders)."""
+    return str(unpacking.unpack(job_id).state)
 
 
 @shared_task

@@ -1,9 +1,10 @@
-"""A scene upload, streamed to disk as it arrives, into a new job folder that is removed unless a job keeps it.
+"""A scene on its way up, in parts (the tus protocol, sessions/render/tus.py speaks it): each part is small, written
+into the upload's file on disk as it comes, and an upload cut off resumes from what is on disk.
 
-The body is never held in memory: the upload handler writes each chunk to the job folder and stops the
-upload the moment it passes PORTAL_RENDER_MAX_UPLOAD_BYTES, removing what it wrote. Folders are named
-so nobody can guess another person's: ``<keyed hash of the person>/<random name>`` below
-PORTAL_RENDER_DIR.
+Folders are named so nobody can guess another person's: ``<keyed hash of the person>/<random name>`` below
+PORTAL_RENDER_DIR, the folder its job keeps. Files are made and opened so that they never follow a link. The
+SHA-256 of the whole file is kept as the parts are written (again from disk only when a part reaches a process
+that did not see the one before), so the job's form compares it with the browser's without reading the file.
 """
 
 from __future__ import annotations
@@ -14,23 +15,31 @@ import hmac
 import os
 import secrets
 import shutil
+import threading
+from collections import OrderedDict
+from datetime import datetime, timedelta
 from pathlib import Path, PurePosixPath
-from typing import Any, BinaryIO
+from typing import Any, Protocol
 
 from django.conf import settings
 from django.contrib.auth.models import User
-from django.core.files.uploadedfile import UploadedFile
-from django.core.files.uploadhandler import FileUploadHandler, SkipFile, StopUpload
+from django.db import transaction
+from django.utils import timezone
 
+from sessions.render import limits
 from sessions.render.files import make_private
+from sessions.render.limits import Refused
+from sessions.render.models import RenderUpload
 from sessions.render.scenefile import size_words
 
-FIELD = "scene"  # the form field the scene comes in; any other file in the body is skipped
-# Room for the form's other fields and the multipart framing, on top of the file itself.
-FORM_ALLOWANCE = 64 * 1024
 KINDS = {".blend": "blend", ".zip": "zip"}
-# Where each kind is written inside the job folder: a .blend is the scene itself, a zip is unpacked.
+# Where each kind is written inside the job folder: a .blend is the scene itself, a zip is unpacked later.
 STORED_AS = {"blend": PurePosixPath("scene/scene.blend"), "zip": PurePosixPath("upload.zip")}
+_READ = 1024 * 1024
+
+
+class Readable(Protocol):
+    def read(self, size: int = ..., /) -> bytes: ...
 
 
 def owner_folder(owner: User) -> str:
@@ -47,128 +56,150 @@ def remove_folder(folder: Path) -> None:
         folder.parent.rmdir()
 
 
-class Upload:
-    """One upload in flight: where it goes, what has arrived, and why it was refused (if it was)."""
-
-    def __init__(self, owner: User, limit: int | None = None) -> None:
-        self.limit = settings.RENDER_MAX_UPLOAD_BYTES if limit is None else limit
-        self.relative = f"{owner_folder(owner)}/{secrets.token_hex(16)}"
-        self.folder = Path(settings.RENDER_DIR) / self.relative
-        self.refusal = ""
-        self.name = ""
-        self.kind = ""
-        self.size = 0
-        self.path: Path | None = None
-        self.complete = False  # every byte of the scene arrived
-        self.kept = False
-        self._out: BinaryIO | None = None
-
-    def refuse(self, message: str) -> StopUpload:
-        """Note why, remove what was written, and give the exception that stops the upload. The rest of
-        the body is read and dropped, so the browser gets the form back with the message."""
-        self.refusal = self.refusal or message
-        self.discard()
-        return StopUpload(connection_reset=False)
-
-    def too_big(self) -> str:
-        return f"The file is larger than {size_words(self.limit)}, the most a scene upload may be."
-
-    def open(self, name: str, kind: str) -> None:
-        target = self.folder / STORED_AS[kind]
-        self._out = os.fdopen(self._create(target), "wb")
-        self.name, self.kind, self.path = name, kind, target
-
-    def _create(self, target: Path) -> int:
-        for _attempt in range(2):  # another upload's discard may remove the person's empty folder meanwhile
-            try:
-                make_private(target.parent)
-                return os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o640)
-            except FileNotFoundError:
-                continue
-        raise self.refuse("The portal could not store the upload; try again.")
-
-    def write(self, data: bytes) -> None:
-        self.size += len(data)
-        if self.size > self.limit:
-            raise self.refuse(self.too_big())
-        assert self._out is not None
-        self._out.write(data)
-        self._out.flush()  # on disk as it arrives, not in a buffer of ours
-
-    def close(self) -> None:
-        if self._out is not None:
-            self._out.close()
-            self._out = None
-
-    def keep(self) -> None:
-        """A job now owns the folder: it stays."""
-        self.kept = True
-
-    def discard(self) -> None:
-        """Remove whatever this upload wrote, and the person's folder if nothing else is in it."""
-        self.close()
-        self.path = None
-        remove_folder(self.folder)
-
-    def discard_unless_kept(self) -> None:
-        if not self.kept:
-            self.discard()
+def stored_path(upload: RenderUpload) -> Path:
+    return upload.folder_path().joinpath(*STORED_AS[upload.kind].parts)
 
 
-class StoredScene(UploadedFile):
-    """What the form receives for the scene field: its name and size; the bytes are already on disk."""
+def kind_of(name: str) -> str:
+    kind = KINDS.get(PurePosixPath(name).suffix.lower())
+    if kind is None:
+        raise Refused(
+            400,
+            f"'{name[:100]}' is neither a .blend file nor a .zip; upload the scene's .blend, "
+            "or a .zip holding it with its assets.",
+        )
+    return kind
 
-    def __init__(self, upload: Upload) -> None:
-        super().__init__(file=None, name=upload.name, content_type="application/octet-stream", size=upload.size)
-        self.upload = upload
 
-    def close(self) -> None:
-        """Nothing is open: the upload's own file was closed when it completed."""
+def begin(owner: User, name: str, length: int) -> RenderUpload:
+    """A new upload of ``length`` bytes named ``name``, its empty file made in a new folder of its owner's;
+    Refused (in words) for a name that is no scene, a size past the limit, or a person at one of their limits."""
+    kind = kind_of(name)
+    if length > settings.RENDER_MAX_UPLOAD_BYTES:
+        raise Refused(
+            413, f"The file is larger than {size_words(settings.RENDER_MAX_UPLOAD_BYTES)}, the most a scene may be."
+        )
+    limits.take_upload(owner)
+    upload = RenderUpload(
+        owner=owner,
+        token=secrets.token_hex(16),
+        folder=f"{owner_folder(owner)}/{secrets.token_hex(16)}",
+        name=name[:255],
+        kind=kind,
+        length=length,
+        sha256="" if length else hashlib.sha256().hexdigest(),  # an empty file is complete from the start
+    )
+    _create(stored_path(upload))
+    try:
+        upload.save(force_insert=True)
+    except BaseException:
+        remove_folder(upload.folder_path())
+        raise
+    return upload
 
 
-class SceneUploadHandler(FileUploadHandler):
-    """Django's upload handler for the scene field: each chunk goes straight to the job folder."""
+def _create(target: Path) -> None:
+    for _attempt in range(2):  # another upload's discard may remove the person's empty folder meanwhile
+        try:
+            make_private(target.parent)
+            os.close(os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o640))
+            return
+        except FileNotFoundError:
+            continue
+    raise Refused(503, "The portal could not store the upload; try again.")
 
-    chunk_size = 1024 * 1024
 
-    def __init__(self, upload: Upload, request: Any = None) -> None:
-        super().__init__(request)
-        self.upload = upload
+def find(owner: User, token: str) -> RenderUpload:
+    """One of the person's uploads by its address; Refused 404 for anyone else's, as for one that never was."""
+    upload = RenderUpload.objects.filter(owner=owner, token=token).first()
+    if upload is None:
+        raise Refused(404, "No such upload: it was finished, cancelled or expired. Upload the file again.")
+    return upload
 
-    def handle_raw_input(
-        self, input_data: Any, META: dict[str, Any], content_length: int, boundary: Any, encoding: Any = None
-    ) -> None:
-        # A body that says up front it is too big is refused before its first byte is written.
-        if content_length > self.upload.limit + FORM_ALLOWANCE:
-            self.upload.refusal = self.upload.too_big()
 
-    def new_file(self, field_name: str, file_name: str, *args: Any, **kwargs: Any) -> None:
-        super().new_file(field_name, file_name, *args, **kwargs)
-        if field_name != FIELD:
-            raise SkipFile()
-        if self.upload.refusal:
-            raise StopUpload(connection_reset=False)
-        if self.upload.path is not None:
-            raise self.upload.refuse("Upload one file per job: a .blend, or one .zip holding the scene.")
-        kind = KINDS.get(PurePosixPath(file_name).suffix.lower())
-        if kind is None:
-            raise self.upload.refuse(
-                f"'{file_name[:100]}' is neither a .blend file nor a .zip; upload the scene's .blend, "
-                "or a .zip holding it with its assets."
-            )
-        self.upload.open(file_name[:255], kind)
+def append(owner: User, token: str, offset: int, part: Readable, size: int) -> RenderUpload:
+    """Write ``size`` bytes read from ``part`` at ``offset`` of the upload, under its row's lock (two parts sent at
+    once are written one after the other, the second refused at its stale offset)."""
+    if size > settings.RENDER_UPLOAD_PART_BYTES:
+        raise Refused(413, f"A part may hold at most {size_words(settings.RENDER_UPLOAD_PART_BYTES)}.")
+    with transaction.atomic():
+        upload = RenderUpload.objects.select_for_update().filter(owner=owner, token=token).first()
+        if upload is None:
+            raise Refused(404, "No such upload: it was finished, cancelled or expired. Upload the file again.")
+        if offset != upload.offset:
+            raise Refused(409, f"This part starts at byte {offset}, but {upload.offset} bytes are stored.")
+        if offset + size > upload.length:
+            raise Refused(400, f"The file was said to be {upload.length} bytes long; this part goes past its end.")
+        _write(upload, part, size)
+        upload.updated_at = timezone.now()
+        upload.save(update_fields=["offset", "sha256", "updated_at"])
+    return upload
 
-    def receive_data_chunk(self, raw_data: bytes, start: int) -> None:
-        self.upload.write(raw_data)
 
-    def file_complete(self, file_size: int) -> StoredScene | None:
-        if self.upload.path is None:
-            return None
-        self.upload.close()
-        self.upload.complete = True
-        return StoredScene(self.upload)
+def _write(upload: RenderUpload, part: Readable, size: int) -> None:
+    path = stored_path(upload)
+    digest = DIGESTS.take(upload.token, upload.offset, path)
+    descriptor = os.open(path, os.O_WRONLY | os.O_NOFOLLOW)
+    with os.fdopen(descriptor, "wb") as out:
+        out.seek(upload.offset)
+        written = 0
+        while written < size:
+            data = part.read(min(_READ, size - written))
+            if not data:
+                raise Refused(400, "The part ended before the length it declared.")
+            out.write(data)
+            digest.update(data)
+            written += len(data)
+        out.truncate()  # whatever a part cut off before this one left past it
+    upload.offset += size
+    if upload.complete:
+        upload.sha256 = digest.hexdigest()
+    else:
+        DIGESTS.keep(upload.token, upload.offset, digest)
 
-    def upload_interrupted(self) -> None:
-        # Django also calls this when a part after the scene was skipped: only a cut scene is removed.
-        if not self.upload.complete:
-            self.upload.discard()
+
+def discard(upload: RenderUpload) -> None:
+    """Its owner cancelled it (or it expired): the folder and the row go."""
+    remove_folder(upload.folder_path())
+    RenderUpload.objects.filter(pk=upload.pk).delete()
+
+
+def remove_expired(now: datetime | None = None) -> int:
+    """Uploads nobody has added to for PORTAL_RENDER_UPLOAD_EXPIRY_HOURS: removed with what they stored."""
+    cutoff = (now or timezone.now()) - timedelta(hours=settings.RENDER_UPLOAD_EXPIRY_HOURS)
+    expired = list(RenderUpload.objects.filter(updated_at__lt=cutoff))
+    for upload in expired:
+        discard(upload)
+    return len(expired)
+
+
+class RunningDigests:
+    """The running SHA-256 of uploads whose parts this process wrote, each with the offset it has reached. One
+    not found (its last part went to another process, or this one restarted) is hashed again from disk."""
+
+    def __init__(self, most: int = 256) -> None:
+        self.most = most
+        self._lock = threading.Lock()
+        self._found: OrderedDict[str, tuple[int, Any]] = OrderedDict()
+
+    def take(self, token: str, offset: int, path: Path) -> Any:
+        with self._lock:
+            found = self._found.pop(token, None)
+        if found is not None and found[0] == offset:
+            return found[1]
+        digest = hashlib.sha256()
+        with path.open("rb") as stored:
+            left = offset
+            while left > 0 and (data := stored.read(min(_READ, left))):
+                digest.update(data)
+                left -= len(data)
+        return digest
+
+    def keep(self, token: str, offset: int, digest: Any) -> None:
+        with self._lock:
+            self._found[token] = (offset, digest)
+            while len(self._found) > self.most:
+                self._found.popitem(last=False)
+
+
+DIGESTS = RunningDigests()

@@ -1,10 +1,13 @@
 from django.urls import path
 
-from sessions.render import views
+from sessions.render import tus, views
 
 urlpatterns = [
     path("", views.job_list, name="render-job-list"),
     path("upload/", views.upload, name="render-job-upload"),
+    # The scene itself goes up in parts (tus); portal/entrylimits.py's UPLOAD_PATH is this route's address.
+    path("uploads/", tus.create, name="render-upload-create"),
+    path("uploads/<slug:token>/", tus.part, name="render-upload-part"),
     path("<int:job_id>/", views.job_detail, name="render-job-detail"),
     path("<int:job_id>/main-file/", views.choose_main_file, name="render-job-main-file"),
     path("<int:job_id>/confirm/", views.confirm, name="render-job-confirm"),

@@ -1,9 +1,7 @@
-"""The Render jobs page (upload form, the jobs list), one job's page (its estimate to confirm, its live
-progress, cancel and re-queue) and its results (thumbnails, frames, all frames as one streamed ZIP).
+"""The Render jobs page (upload form, the jobs list), one job's page (its unpacking, its estimate to confirm, its
+live progress, cancel and re-queue) and its results (thumbnails, frames, all frames as one streamed ZIP).
 
-The upload view installs the streaming upload handler before anything reads the body, which is why
-it is exempt from the CSRF middleware and checks the token itself, right after the body is parsed;
-whatever the handler stored is removed again unless a job was recorded for it.
+The scene itself goes up in parts before the form is sent (sessions/render/tus.py); the form names the upload.
 """
 
 from __future__ import annotations
@@ -19,7 +17,6 @@ from django.http.response import HttpResponseBase
 from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.views.decorators.cache import cache_control
-from django.views.decorators.csrf import csrf_exempt, csrf_protect
 from django.views.decorators.http import require_GET, require_POST
 from django_htmx.http import HttpResponseClientRedirect, HttpResponseClientRefresh
 
@@ -28,11 +25,10 @@ from portal.roles import can_launch, is_operator, launch_refusal
 from sessions import access
 from sessions.notebooks import pricing
 from sessions.notebooks.offers import offers
-from sessions.render import jobs, progress, results, services
+from sessions.render import jobs, progress, results, services, unpacking
 from sessions.render.forms import JobFilterForm, MainFileForm, RenderJobForm
 from sessions.render.models import RenderChunk, RenderJob
 from sessions.render.scenefile import SceneRefused
-from sessions.render.uploads import SceneUploadHandler, Upload
 
 PAGE = "sessions/render_job_list.html"
 DETAIL = "sessions/render_job_detail.html"
@@ -72,6 +68,7 @@ def _page(request: PortalRequest, form: RenderJobForm | None = None, status: int
         context["refusal"] = launch_refusal()
     else:
         context["form"] = form or RenderJobForm(offers=offers(user))
+        context["part_bytes"] = settings.RENDER_UPLOAD_PART_BYTES
         context["wallet"] = pricing.current().wallet(user)
     target = request.htmx.target if request.htmx else None
     if target in ("render-upload", "render-jobs"):
@@ -98,50 +95,35 @@ def job_list(request: PortalRequest) -> HttpResponse:
     return _page(request)
 
 
-@csrf_exempt  # checked by _upload once the handler is in place (csrf_protect)
 @login_required
 @require_POST
 def upload(request: PortalRequest) -> HttpResponse:
+    """The form's settings and the upload they go with (already on disk, in parts): a job that waits to be
+    unpacked, or the form again saying why not."""
     if not can_launch(request.user):
-        return _page(request, status=403)  # refused before a byte of the body is read
-    incoming = Upload(_person(request))
-    request.upload_handlers = [SceneUploadHandler(incoming, request)]
-    try:
-        return _upload(request, incoming)
-    finally:
-        incoming.discard_unless_kept()
-
-
-@csrf_protect
-def _upload(request: PortalRequest, incoming: Upload) -> HttpResponse:
+        return _page(request, status=403)
     user = _person(request)
-    form = RenderJobForm(request.POST, request.FILES, offers=offers(user), refusal=incoming.refusal)
+    form = RenderJobForm(request.POST, offers=offers(user))
     if form.is_valid():
+        data = form.cleaned_data
         try:
-            job = jobs.create_job(user, incoming, form.choices())
+            job = jobs.create_job(user, data["upload"], data["sha256"], form.choices())
         except SceneRefused as refused:
-            form.add_error("scene", refused.message)
+            if refused.code == "incomplete":
+                form.add_error("upload", refused.message)
+            else:
+                form.scene_refused(refused.message)
         else:
-            job = _estimate_if_checked(job)
             messages.success(request, _next_step(job))
             url = reverse("render-job-detail", args=[job.pk])
             return HttpResponseClientRedirect(url) if request.htmx else redirect(url)
     return _page(request, form, status=200 if request.htmx else 400)
 
 
-def _estimate_if_checked(job: RenderJob) -> RenderJob:
-    """A checked scene goes to the probe at once; a zip still waiting for its main file does not."""
-    if job.state == RenderJob.State.VALIDATED:
-        return services.request_estimate(job.pk)
-    return job
-
-
 def _next_step(job: RenderJob) -> str:
-    if job.state == RenderJob.State.UPLOADED:
-        return f"{job.upload_name} is uploaded. It holds several .blend files: say which one is the scene."
     return (
-        f"{job.upload_name} is checked. Next, a probe renders one frame to estimate the time and cost; "
-        "you confirm before the job is queued."
+        f"{job.upload_name} is uploaded. It is unpacked and checked next, then a probe renders one frame to "
+        "estimate the time and cost; you confirm before the job is queued."
     )
 
 
@@ -170,6 +152,12 @@ def _detail(
     }
     if job.state == RenderJob.State.UPLOADED and mine:
         context["main_form"] = form or MainFileForm(job=job)
+    if job.state == RenderJob.State.UNPACKING:
+        context["unpacking"] = unpacking.shown(job)
+    if request.htmx and request.htmx.target == "render-unpacking":
+        if job.state != RenderJob.State.UNPACKING:  # unpacked, refused or cancelled: the whole page changes
+            return HttpResponseClientRefresh()
+        return render(request, f"{DETAIL}#render-unpacking", context, status=status)
     if request.htmx and request.htmx.target == "render-estimate":
         if job.state not in ESTIMATING:  # the estimate, or the probe's failure, is in: the whole page changes
             return HttpResponseClientRefresh()
@@ -195,8 +183,7 @@ def choose_main_file(request: PortalRequest, job_id: int) -> HttpResponse:
         except (SceneRefused, RenderJob.BadStep) as refused:
             form.add_error("main_file", str(refused))
         else:
-            job = _estimate_if_checked(job)
-            messages.success(request, _next_step(job))
+            messages.success(request, f"{job.main_file} is checked next, then the estimate comes.")
             return redirect("render-job-detail", job.pk)
     return _detail(request, job, form, status=400)
 

@@ -1,13 +1,16 @@
-"""Uploading a scene in Chromium: the bar follows the upload, the job is checked, goes to its estimate and
-is listed; a file that is no scene comes back on the form in words."""
+"""Uploading a scene in Chromium: it goes up in parts (tus) with the bar following it, the job is unpacked by
+the worker, goes to its estimate and is listed; a file that is no scene comes back on the form in words."""
 
 from __future__ import annotations
 
 import re
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from django.contrib.auth.models import User
+from django.db import transaction
+from django.utils import timezone
 from playwright.sync_api import Page, expect
 
 from sessions.gpus.backends import get_backend
@@ -21,7 +24,8 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 
 @pytest.fixture
-def render_fleet(settings) -> Iterator[None]:  # type: ignore[no-untyped-def]
+def render_fleet(settings, celery_worker: str) -> Iterator[None]:  # type: ignore[no-untyped-def]
+    """A fleet to pick an offer from, and the worker that unpacks what is uploaded."""
     from tests.gpus.conftest import use_fleet
 
     use_fleet(settings, "e2e-render: 1xH200:mig")
@@ -94,7 +98,7 @@ def test_an_image_named_blend_comes_back_on_the_form_in_words(
         files={"name": "photo.blend", "mimeType": "application/octet-stream", "buffer": scenes.PNG}
     )
     page.get_by_role("button", name="Upload and check").click()
-    expect(page.locator("#id_scene_error")).to_have_text("'photo.blend' is not a Blender file: it is a PNG image.")
+    expect(page.get_by_test_id("scene-error")).to_have_text("'photo.blend' is not a Blender file: it is a PNG image.")
     expect(page.get_by_label("Frames", exact=True)).to_have_value("1-3")
     assert not RenderJob.objects.exists()
     page.screenshot(path=str(SCREENSHOTS / "render-upload-refused.png"), full_page=True)
@@ -127,4 +131,33 @@ def test_a_zip_with_several_scenes_asks_which_one_with_each_choice_beside_its_bu
     job = RenderJob.objects.get()
     assert job.main_file == "shots/main.blend"
     watch.assert_clean("the main file's choice")
+    jobs.remove_files(job)
+
+
+def test_a_job_being_unpacked_shows_a_bar_that_follows_its_task_then_what_came_of_it(
+    portal_server: str, page: Page, alice: User, render_fleet: None
+) -> None:
+    from django.core.cache import cache
+
+    from sessions.render import unpacking
+    from tests.render.stack import make_job, state_of
+
+    watch = PageWatch.on(page)
+    job = make_job(alice, Path(__file__), [1], RenderJob.State.UNPACKING, unpack_heard_at=timezone.now())
+    key = unpacking.progress_key(job.pk)
+    cache.set(key, {"phase": "Unpacking", "done": 1 << 20, "total": 4 << 20}, 60)
+    log_in(page, portal_server, "alice")
+    page.goto(f"{portal_server}/sessions/render-jobs/{job.pk}/")
+    bar = page.get_by_test_id("unpacking").locator("progress")
+    expect(bar).to_have_attribute("value", "25")
+    cache.set(key, {"phase": "Unpacking", "done": 3 << 20, "total": 4 << 20}, 60)
+    expect(bar).to_have_attribute("value", "75")  # the region polls every second
+    expect(page.get_by_test_id("unpacking")).to_contain_text("Unpacking: 3.0 MB of 4.0 MB")
+    page.screenshot(path=str(SCREENSHOTS / "render-job-unpacking.png"), full_page=True)
+    with transaction.atomic():
+        locked = RenderJob.objects.select_for_update().get(pk=job.pk)
+        locked.save(update_fields=locked.move(RenderJob.State.FAILED, "'x.blend' is incomplete."))
+    expect(page.get_by_test_id("failure")).to_have_text("'x.blend' is incomplete.")  # the page loaded again
+    assert state_of(job) == "failed"
+    watch.assert_clean("the job's page while it unpacks")
     jobs.remove_files(job)

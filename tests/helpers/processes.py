@@ -43,6 +43,7 @@ def child_env(**extra: str) -> dict[str, str]:
         PORTAL_CACHE_PREFIX=str(settings.CACHES["default"]["KEY_PREFIX"]),
         PORTAL_CHANNEL_PREFIX=str(settings.CHANNEL_LAYERS["default"]["CONFIG"]["prefix"]),  # type: ignore[index]
         PORTAL_DATA_DIR=str(settings.DATA_DIR),
+        PORTAL_RENDER_DIR=str(settings.RENDER_DIR),
         PORTAL_SECURE_COOKIES=os.environ.get("PORTAL_SECURE_COOKIES", "true"),
         PORTAL_PUBLIC_URL=settings.PUBLIC_URL,
         PORTAL_HUB_OAUTH_CALLBACK_URL=settings.HUB_OAUTH_CALLBACK_URL,

@@ -18,6 +18,11 @@ VARIABLES = (
     "PORTAL_HUB_SERVICE_TOKEN",
     "PORTAL_HUB_STARTS_PROXY",
     "CONFIGPROXY_AUTH_TOKEN",
+    "PORTAL_ANONYMOUS_MAX_BODY_BYTES",
+    "PORTAL_MAX_BODY_BYTES",
+    "PORTAL_RENDER_UPLOAD_PART_BYTES",
+    "PORTAL_JUPYTER_MAX_BODY_BYTES",
+    "PORTAL_PROXY_BODIES_AT_ONCE",
 )
 
 
@@ -73,3 +78,29 @@ def test_a_bad_value_stops_the_hub_with_the_variables_name(
     with pytest.raises(ImproperlyConfigured) as refused:
         load(monkeypatch, tmp_path, **{name: value})
     assert str(refused.value) == message
+
+
+def test_the_hub_and_make_run_start_the_same_gate_with_the_same_body_limits(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    import os
+    import sys
+
+    sys.path.insert(0, str(ROOT / "compose/hub"))
+    import proxy  # type: ignore[import-not-found]  # a program of its own, not a package module
+
+    limits = {"PORTAL_ANONYMOUS_MAX_BODY_BYTES": "4096", "PORTAL_JUPYTER_MAX_BODY_BYTES": str(64 << 20)}
+    hub_started = load(monkeypatch, tmp_path, **limits).ConfigurableHTTPProxy.command
+    run_started = proxy.command(dict(os.environ))
+    assert hub_started[0] == run_started[0] == str(ROOT / "compose/hub/gate.mjs")
+    passed = [argument for argument in run_started if argument.startswith("--") and "=" in argument]
+    assert "--anonymous-body-bytes=4096" in passed and f"--jupyter-body-bytes={64 << 20}" in passed
+    assert passed == [argument for argument in hub_started if argument.startswith("--") and "=" in argument]
+
+
+def test_a_bad_body_limit_stops_the_hub_with_the_variables_name(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    with pytest.raises(ImproperlyConfigured) as refused:
+        load(monkeypatch, tmp_path, PORTAL_JUPYTER_MAX_BODY_BYTES="lots")
+    assert str(refused.value) == "PORTAL_JUPYTER_MAX_BODY_BYTES must be a whole number (got 'lots')."

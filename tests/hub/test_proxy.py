@@ -1,4 +1,5 @@
-"""configurable-http-proxy as the one public address: the portal by default, other routes by API."""
+"""The public entry (configurable-http-proxy behind the body gate) as the one address: the portal by default, other
+routes by API."""
 
 from __future__ import annotations
 
@@ -13,11 +14,12 @@ from pathlib import Path
 
 import pytest
 
+from portal import entrylimits
 from tests.helpers.processes import free_port, stop, wait_until
 
 pytestmark = pytest.mark.hub
 ROOT = Path(__file__).resolve().parents[2]
-PROXY = ROOT / "compose/hub/node_modules/.bin/configurable-http-proxy"
+PROXY = ROOT / "compose/hub/gate.mjs"
 TOKEN = "proxy-test-token"
 
 
@@ -54,6 +56,7 @@ def proxy(portal_server: str) -> Iterator[tuple[str, str]]:
             f"--api-port={api_port}",
             f"--default-target={portal_server}",
             "--log-level=warn",
+            *entrylimits.from_environ().gate_arguments(),
         ],
         env={**os.environ, "CONFIGPROXY_AUTH_TOKEN": TOKEN},
     )

@@ -7,13 +7,15 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 # Every file that reads the environment: Django's settings, the first administrator, and what runs without
-# Django (the hub's configuration, the proxy's launcher, the user network they share with the portal).
+# Django (the hub's configuration, the proxy's launcher, the user network and body limits they share with the
+# portal).
 READERS = [
     "portal/settings.py",
     "portal/management/commands/bootstrap_admin.py",
     "compose/hub/jupyterhub_config.py",
     "compose/hub/proxy.py",
     "sessions/runtime/network.py",
+    "portal/entrylimits.py",
 ]
 READ = re.compile(r'(?:\benv\.\w+\(|\benviron\.get\(|\benviron\[)\s*"([A-Z][A-Z0-9_]+)"')
 

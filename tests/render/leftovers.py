@@ -1,6 +1,6 @@
 """What a refused render action could leave behind, taken in one look: the files under the render folder,
-the render jobs and their states, the slices not released, and (where the test has the Docker engine) this
-portal's render containers. Bad input must leave every one of them as it found them:
+the render jobs and their states, the uploads not yet jobs, the slices not released, and (where the test has
+the Docker engine) this portal's render containers. Bad input must leave every one of them as it found them:
 
     before = traces(render_dir)
     ... the bad upload, the other person's request, the cancel of a finished job ...
@@ -13,7 +13,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 
 from sessions.gpus.models import Slice
-from sessions.render.models import RenderJob
+from sessions.render.models import RenderJob, RenderUpload
 from sessions.runtime.docker import DockerRuntime
 from sessions.runtime.render import PURPOSE_LABEL
 from sessions.runtime.spec import LABEL_PREFIX
@@ -23,6 +23,7 @@ from sessions.runtime.spec import LABEL_PREFIX
 class Traces:
     files: tuple[str, ...]  # everything under the render folder, relative to it
     jobs: tuple[tuple[int, str], ...]  # every render job and its state
+    uploads: tuple[str, ...]  # every upload not (yet) a job
     held_slices: tuple[tuple[int, str], ...]  # every slice not released, with its holder
     containers: tuple[str, ...] | None  # this portal's render containers, running or not; None: not looked
 
@@ -46,6 +47,7 @@ def traces(render_dir: Path, docker: bool = False) -> Traces:
     return Traces(
         files=tuple(sorted(str(path.relative_to(render_dir)) for path in render_dir.rglob("*"))),
         jobs=tuple(RenderJob.objects.order_by("pk").values_list("pk", "state")),
+        uploads=tuple(RenderUpload.objects.order_by("pk").values_list("name", flat=True)),
         held_slices=tuple((taken.pk, str(taken.holder)) for taken in held),
         containers=render_containers() if docker else None,
     )
@@ -53,7 +55,7 @@ def traces(render_dir: Path, docker: bool = False) -> Traces:
 
 def nothing(docker: bool = False) -> Traces:
     """A render folder, a job table, a fleet and an engine with nothing of render jobs in them."""
-    return Traces(files=(), jobs=(), held_slices=(), containers=() if docker else None)
+    return Traces(files=(), jobs=(), uploads=(), held_slices=(), containers=() if docker else None)
 
 
 def assert_left_as_found(before: Traces, render_dir: Path) -> None:

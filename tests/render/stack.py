@@ -36,7 +36,7 @@ from sessions.render.models import RenderChunk, RenderFrame, RenderJob
 from sessions.runtime.render import RENDER_IMAGE
 from sessions.runtime.scene_facts import SceneFacts
 from sessions.runtime.spec import INSTANCE_LABEL
-from tests.conftest import ARTIFACTS, RUN_ID
+from tests.conftest import ARTIFACTS, RENDER_ROOT, RUN_ID
 from tests.gpus.conftest import use_fleet
 from tests.helpers import processes
 from tests.helpers.processes import BIN, ROOT
@@ -171,9 +171,9 @@ def scenes(render_image: str) -> Iterator[Path]:
 
 
 @pytest.fixture(scope="session")
-def render_root() -> Iterator[Path]:
-    with once("render_root", lambda: own_folder("render-root")) as folder:
-        yield folder
+def render_root() -> Path:
+    """The run's render folder, which every process of the run uses (tests/conftest.py)."""
+    return RENDER_ROOT
 
 
 def start_render_worker(render_root: Path, log_path: Path) -> tuple[subprocess.Popen[bytes], str]:
@@ -357,7 +357,7 @@ def daphne_on(render_root: Path, **extra: str) -> Iterator[str]:
 @pytest.fixture(scope="session")
 def render_portal_server(django_db_setup: None, render_root: Path) -> Iterator[str]:
     """The portal under daphne with the render worker's render folder: what a browser uploads there is the
-    scene the worker renders, and the thumbnails the worker writes are the ones the pages send. (The session's
-    ``portal_server`` keeps the data folder's own render folder, which this run's worker never sees.)"""
+    scene the worker renders, and the thumbnails the worker writes are the ones the pages send. (Every process
+    of the run has that folder now, the session's ``portal_server`` too; this one is kept for its own log.)"""
     with once("render_portal_server", lambda: daphne_on(render_root)) as url:
         yield url

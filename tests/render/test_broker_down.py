@@ -1,11 +1,11 @@
 # ruff: noqa: F811 (the fixtures imported from tests.render.stack are parameters by name)
 """An upload while the Celery broker does not answer, on the real stack: daphne's broker URL names a port on
-127.0.0.1 where nothing listens. The upload is accepted and its page shows the estimate coming, never an
-error page; the lost send is noticed by reconciliation, which sends it again, and the estimate arrives."""
+127.0.0.1 where nothing listens. The upload is accepted and its page shows it being unpacked, never an error
+page; the lost send is noticed by reconciliation, which sends it again, and the estimate arrives."""
 
 from __future__ import annotations
 
-import secrets
+import http.client
 from datetime import timedelta
 from pathlib import Path
 
@@ -18,8 +18,8 @@ from django.utils import timezone
 from sessions.render import recovery, services
 from sessions.render.models import RenderJob
 from tests.helpers import processes
+from tests.helpers.tus import HttpUploader, upload_over_http
 from tests.helpers.websockets import session_cookie
-from tests.render.conftest import form_fields
 from tests.render.stack import (  # noqa: F401 (fixtures)
     MIG_OFFER,
     daphne_on,
@@ -40,20 +40,12 @@ State = RenderJob.State
 OFFER = "{gpu_kind}:{gpu_model}:{gpu_profile}".format(**MIG_OFFER)
 
 
-def upload_over_http(base: str, user: User, scene: Path) -> requests.Response:
-    """The upload form as a browser posts it (the scene last), to a portal process of its own."""
-    token = secrets.token_hex(16)  # a CSRF secret: Django takes it unmasked, matched against its cookie
-    fields = {**form_fields(frames="1", resolution_percent="100", chunk_size="1", offer=OFFER)}
-    fields["csrfmiddlewaretoken"] = token
-    with scene.open("rb") as data:
-        return requests.post(
-            base + reverse("render-job-upload"),
-            data=fields,
-            files={"scene": (scene.name, data, "application/octet-stream")},
-            headers={"Cookie": f"{session_cookie(user)}; csrftoken={token}"},
-            allow_redirects=False,
-            timeout=60,
-        )
+def uploaded_over_http(base: str, user: User, scene: Path) -> http.client.HTTPResponse:
+    """The scene in parts and the form that names it, as the page's script sends them, to a portal of its own."""
+    data = scene.read_bytes()
+    uploader = HttpUploader(int(base.rsplit(":", 1)[1]), session_cookie(user))
+    token, sha256 = upload_over_http(uploader, scene.name, len(data), lambda at, size: data[at : at + size], 1 << 20)
+    return uploader.form(token, sha256, frames="1", resolution_percent="100", chunk_size="1", offer=OFFER)
 
 
 def test_an_upload_while_the_broker_is_down_is_accepted_and_its_estimate_arrives_once_it_is_sent_again(
@@ -61,26 +53,26 @@ def test_an_upload_while_the_broker_is_down_is_accepted_and_its_estimate_arrives
 ) -> None:
     nothing_there = f"redis://127.0.0.1:{processes.free_port()}/0"
     with daphne_on(render_stack, PORTAL_CELERY_BROKER_URL=nothing_there) as portal:
-        answer = upload_over_http(portal, alice, scenes / "small.blend")
+        answer = uploaded_over_http(portal, alice, scenes / "small.blend")
         job = RenderJob.objects.get(owner=alice)
-        assert answer.status_code == 302, answer.text[-2000:]
+        assert answer.status == 302, answer.status
         assert answer.headers["Location"] == reverse("render-job-detail", args=[job.pk])
         page = requests.get(portal + answer.headers["Location"], headers={"Cookie": session_cookie(alice)}, timeout=30)
-        assert page.status_code == 200 and 'data-testid="estimating"' in page.text
+        assert page.status_code == 200 and 'data-testid="unpacking"' in page.text
 
     job.refresh_from_db()
-    assert job.state == State.ESTIMATING and job.estimate_sent_at is None, "the send was lost, and it shows"
+    assert job.state == State.UNPACKING and job.unpack_sent_at is None, "the send was lost, and it shows"
     assert slices_of(job) == []
 
     counts = recovery.reconcile()
 
-    assert counts["estimates_sent"] == 1
-    wait_for(lambda: state_of(job) != State.ESTIMATING, 180, "the estimate, sent again")
+    assert counts["unpacking_sent"] == 1
+    wait_for(lambda: state_of(job) not in (State.UNPACKING, State.ESTIMATING), 180, "its unpacking, then its estimate")
     job.refresh_from_db()
     assert job.state == State.AWAITING_CONFIRMATION, job.failure_message
     assert services.estimate_of(job) is not None and job.estimate_sent_at is not None
     assert len(slices_of(job)) == 1, "one probe, however often its task was sent"
-    assert recovery.reconcile()["estimates_sent"] == 0
+    assert recovery.reconcile()["unpacking_sent"] == 0
 
 
 def test_reconciliation_takes_a_job_left_checked_to_its_probe_and_resends_a_long_silent_one_alone(

@@ -15,7 +15,7 @@ from sessions.render import jobs, services
 from sessions.render.models import RenderJob
 from tests.render import scenes
 from tests.render.conftest import Upload as PostScene
-from tests.render.conftest import stored
+from tests.render.conftest import stored, unpacked
 from tests.render.leftovers import Traces, assert_left_as_found, traces
 
 pytestmark = pytest.mark.django_db
@@ -73,7 +73,7 @@ def test_a_step_the_state_does_not_allow_is_refused_and_changes_nothing(alice: U
 
 
 def test_every_state_is_reachable_from_an_upload_and_every_ended_one_is_final_or_requeued() -> None:
-    reached, frontier = {State.UPLOADED.value}, [State.UPLOADED.value]
+    reached, frontier = {State.UNPACKING.value}, [State.UNPACKING.value]
     while frontier:
         for following in RenderJob.NEXT[frontier.pop()]:
             if following not in reached:
@@ -141,7 +141,7 @@ def test_cancelling_a_job_before_its_estimate_removes_its_files(
     post_scene: PostScene, alice_client: Client, render_dir: Path
 ) -> None:
     post_scene("two.zip", scenes.zip_of(("a.blend", scenes.blend()), ("b.blend", scenes.blend())))
-    job = RenderJob.objects.get()
+    job = unpacked(RenderJob.objects.get())
     assert job.state == State.UPLOADED and stored(render_dir) != []
     assert alice_client.post(reverse("render-job-cancel", args=[job.pk])).status_code == 302
     job.refresh_from_db()
@@ -203,11 +203,13 @@ def test_a_job_whose_estimate_fails_keeps_its_row_and_words_but_not_its_scene(
     post_scene: PostScene, render_dir: Path, django_capture_on_commit_callbacks
 ) -> None:  # type: ignore[no-untyped-def]
     post_scene("a.blend", scenes.blend())
-    job = RenderJob.objects.get()
+    job = unpacked(RenderJob.objects.get())
     assert job.state == State.ESTIMATING and stored(render_dir) != []
     with django_capture_on_commit_callbacks(execute=True):
         services.no_slice_for_probe(job.pk, "every H200 slice is taken")
     job.refresh_from_db()
     assert job.failure_message == "No slice was free for the estimate: every H200 slice is taken"
     # It can never render (re-queueing needs rendered frames): nothing of it stays on disk or allocated.
-    assert traces(render_dir) == Traces(files=(), jobs=((job.pk, State.FAILED),), held_slices=(), containers=None)
+    assert traces(render_dir) == Traces(
+        files=(), jobs=((job.pk, State.FAILED),), uploads=(), held_slices=(), containers=None
+    )

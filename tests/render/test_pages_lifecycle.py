@@ -14,13 +14,12 @@ from typing import Any
 
 import pytest
 from django.contrib.auth.models import User
-from django.core.files.uploadedfile import SimpleUploadedFile
 from django.templatetags.static import static
 from django.test import Client
 from django.urls import reverse
 
 from sessions.render.models import RenderChunk, RenderFrame, RenderJob
-from tests.render.conftest import form_fields
+from tests.render.conftest import form_fields, sha256_of, upload_file
 from tests.render.leftovers import assert_left_as_found, traces
 from tests.render.stack import (  # noqa: F401 (fixtures)
     MIG_OFFER,
@@ -44,11 +43,14 @@ OFFER = "{gpu_kind}:{gpu_model}:{gpu_profile}".format(**MIG_OFFER)
 
 
 def uploaded(client: Client, scene: Path, frames: str) -> RenderJob:
+    """The scene up in parts, the form sent, and the job unpacked by the default queue's worker."""
     fields = form_fields(frames=frames, resolution_percent="100", chunk_size="2", offer=OFFER)
-    fields["scene"] = SimpleUploadedFile(scene.name, scene.read_bytes(), content_type="application/octet-stream")
+    data = scene.read_bytes()
+    fields.update(upload=upload_file(client, scene.name, data), sha256=sha256_of(data))
     response = client.post(reverse("render-job-upload"), fields)
     job = RenderJob.objects.get()
     assert response.status_code == 302 and response["Location"] == reverse("render-job-detail", args=[job.pk])
+    wait_for(lambda: state_of(job) != State.UNPACKING, 60, "its unpacking")
     return job
 
 
