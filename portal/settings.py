@@ -7,6 +7,7 @@ default. A bad value stops start-up with a message that names the variable.
 
 from __future__ import annotations
 
+import os
 import re
 import secrets
 import socket
@@ -232,6 +233,9 @@ CELERY_TASK_ALWAYS_EAGER = False
 # Render jobs' own queue (portal/celery.py routes the probe and the slices' workers there); empty: the
 # default queue's name plus "-render", so a test run's or a second portal's queues stay apart.
 RENDER_QUEUE = env.text("PORTAL_RENDER_QUEUE", "")
+# Threads of the render worker (make run's supervisor starts it with as many): each follows one slice's chunks,
+# and every person rendering gets an equal share of them (sessions/render/services.py, share_of_threads).
+RENDER_THREADS = env.integer("PORTAL_RENDER_CONCURRENCY", os.cpu_count() or 1, minimum=1)
 
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},

@@ -29,7 +29,7 @@ from portal.celery import send, send_on_commit
 from portal.roles import can_launch, launch_refusal
 from sessions.gpus import catalog, holdings, workloads
 from sessions.gpus.allocator import AllocationRefused, SliceRequest, allocate
-from sessions.gpus.holders import Holder
+from sessions.gpus.holders import Holder, HolderKind
 from sessions.gpus.models import Slice
 from sessions.notebooks import pricing
 from sessions.render import containers, files, jobs, progress
@@ -437,7 +437,8 @@ def dispatch(job_id: int) -> int:
         rendering = set(job.chunks.filter(state=ChunkState.RENDERING).values_list("slice_id", flat=True))
         idle = [taken for taken in held if taken.pk not in rendering]
         wanted = min(job.max_slices, len(held) - len(idle) + waiting)
-        for _ in range(max(0, wanted - len(held))):
+        room = share_of_threads(job.owner_id) - rendering_slices(job.owner_id)  # each slice takes a thread
+        for _ in range(max(0, min(wanted - len(held), room))):
             try:
                 idle.append(allocate(job.owner, job.request, holder=Holder.render(job_id)))
             except AllocationRefused as refused:
@@ -446,6 +447,28 @@ def dispatch(job_id: int) -> int:
     for taken in idle:
         send(WORK_ON_SLICE, job_id, taken.pk)
     return len(idle)
+
+
+def share_of_threads(owner_id: int) -> int:
+    """A person's fair share of the render worker's threads (PORTAL_RENDER_CONCURRENCY): all of them while nobody
+    else renders, else an equal part, at least one each. A slice's worker holds a thread for as long as it has
+    chunks, so one person's long job would otherwise hold them all while everyone else's waited."""
+    people = set(RenderJob.objects.filter(state__in=RUNNING).values_list("owner_id", flat=True)) | {owner_id}
+    return max(1, settings.RENDER_THREADS // len(people))
+
+
+def rendering_slices(owner_id: int) -> int:
+    """The slices a person's queued and rendering jobs hold, each followed by one of the render worker's threads."""
+    jobs = RenderJob.objects.filter(owner_id=owner_id, state__in=RUNNING).values("pk")
+    held = Slice.objects.filter(owner_id=owner_id, holder_kind=HolderKind.RENDER, released_at__isnull=True)
+    return held.filter(holder_id__in=jobs).count()
+
+
+def jobs_short_of_threads(but: int) -> list[int]:
+    """Other people's queued or rendering jobs whose chunks wait while their owner holds less than their share."""
+    waiting = RenderJob.objects.filter(state__in=RUNNING, chunks__state=ChunkState.PENDING).exclude(owner_id=but)
+    found = waiting.distinct().order_by("queued_at", "pk").values_list("pk", "owner_id")
+    return [job_id for job_id, owner_id in found if rendering_slices(owner_id) < share_of_threads(owner_id)]
 
 
 def another_slice(job: RenderJob) -> Slice | None:

@@ -26,7 +26,7 @@ from sessions.gpus.allocator import allocate
 from sessions.gpus.backends import get_backend
 from sessions.gpus.holders import Holder
 from sessions.gpus.models import Slice
-from sessions.render import recovery, services
+from sessions.render import chunks, recovery, services
 from sessions.render.models import RenderChunk, RenderFrame, RenderJob
 from tests.gpus.conftest import use_fleet
 
@@ -138,3 +138,38 @@ def test_at_the_render_worker_s_start_every_slice_its_dead_workers_held_ends_at_
     chunk = RenderChunk.objects.get(job=job, index=0)
     assert (chunk.state, chunk.attempts) == (RenderChunk.State.PENDING, 0)
     assert len(services.held_by(job.pk)) == 1  # a fresh slice, for a fresh worker
+
+
+@pytest.mark.django_db
+def test_a_newcomer_gets_an_equal_share_of_the_render_threads_and_no_more(
+    fleet: None, quiet_render_queue: str, alice: User, bob: User, settings
+) -> None:  # type: ignore[no-untyped-def]
+    """Two render threads: alone, a person's job takes both; with a second person rendering, each gets one."""
+    settings.RENDER_THREADS = 2
+    first = queued_job(alice, chunks=6, max_slices=4)
+    assert services.dispatch(first.pk) == 2  # all the threads there are, not its four slices
+    second = queued_job(bob, chunks=3, max_slices=4)
+    assert services.dispatch(second.pk) == 1
+    assert (len(services.held_by(first.pk)), len(services.held_by(second.pk))) == (2, 1)
+
+
+@pytest.mark.django_db
+def test_a_long_job_yields_a_render_thread_to_another_person_s_job_between_its_chunks(
+    fleet: None, quiet_render_queue: str, alice: User, bob: User, settings
+) -> None:  # type: ignore[no-untyped-def]
+    """The issue's sequence: one person's job held both render threads and everyone else's work sat waiting for
+    minutes. At its next chunk one of its slices' workers lets its slice and thread go, and the other person's
+    job is given them; the long job goes on on its other slice."""
+    settings.RENDER_THREADS = 2
+    long = queued_job(alice, chunks=6, max_slices=2)
+    services.dispatch(long.pk)
+    first, second = services.held_by(long.pk)
+    waiting = queued_job(bob, chunks=2, max_slices=2)
+    assert chunks._claim(waiting.pk, first.pk) is None  # not its slice
+    assert chunks._claim(long.pk, first.pk) == chunks.YIELD
+    assert chunks.work_on_slice(long.pk, first.pk) == 0
+    first.refresh_from_db()
+    assert first.released_at is not None and [s.pk for s in services.held_by(long.pk)] == [second.pk]
+    assert len(services.held_by(waiting.pk)) == 1  # given the thread that was let go
+    claimed = chunks._claim(long.pk, second.pk)
+    assert isinstance(claimed, chunks.Claim)  # its share: one slice, which renders on
