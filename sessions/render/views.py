@@ -23,6 +23,8 @@ from django_htmx.http import HttpResponseClientRedirect, HttpResponseClientRefre
 from portal.http import PortalRequest
 from portal.roles import can_launch, is_operator, launch_refusal
 from sessions import access
+from sessions.gpus import workloads
+from sessions.gpus.holders import Holder
 from sessions.notebooks import pricing
 from sessions.notebooks.offers import offers
 from sessions.render import jobs, progress, results, services, unpacking
@@ -208,8 +210,9 @@ def cancel(request: PortalRequest, job_id: int) -> HttpResponse:
     """Its owner, or an operator, cancels a job in any state before it ends; anyone else gets a 404."""
     job = access.render_job_for(request.user, job_id, access.Action.STOP)
     before_queue = job.state in (*RenderJob.BEFORE_QUEUE, RenderJob.State.ESTIMATING)  # its files go
+    assert isinstance(request.user, User)
     try:
-        services.cancel(job.pk)
+        workloads.stop(Holder.render(job.pk), workloads.Reason.USER, by=request.user)  # an operator's: STAFF
     except RenderJob.BadStep as refused:
         messages.error(request, str(refused))
         job.refresh_from_db()
