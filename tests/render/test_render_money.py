@@ -5,9 +5,7 @@ run without Docker; the real stack's worker death is in test_lifecycle_failures.
 
 from __future__ import annotations
 
-import secrets
 import threading
-import uuid
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
@@ -19,7 +17,6 @@ from django.utils import timezone
 
 from billing import meter
 from billing.models import ChargedMinute
-from portal.celery import app
 from portal.clock import database_now
 from sessions.gpus import holdings
 from sessions.gpus.allocator import allocate
@@ -27,7 +24,8 @@ from sessions.gpus.backends import get_backend
 from sessions.gpus.holders import Holder
 from sessions.gpus.models import Slice
 from sessions.render import chunks, recovery, services
-from sessions.render.models import RenderChunk, RenderFrame, RenderJob
+from sessions.render.models import RenderChunk, RenderJob
+from tests.factories import one_frame_a_chunk
 from tests.gpus.conftest import use_fleet
 
 WHOLE = {"gpu_kind": "whole", "gpu_profile": "", "gpu_model": "A100-SXM4-80GB"}
@@ -41,33 +39,8 @@ def fleet(settings, render_dir: Path) -> Iterator[None]:  # type: ignore[no-unty
     get_backend.cache_clear()
 
 
-@pytest.fixture
-def quiet_render_queue(settings) -> Iterator[str]:  # type: ignore[no-untyped-def]
-    """The slices' workers are sent to a queue nobody reads here, emptied at the end."""
-    settings.RENDER_QUEUE = f"render-money-{uuid.uuid4().hex[:8]}"
-    yield settings.RENDER_QUEUE
-    with app.connection_for_write() as connection:
-        connection.default_channel.queue_purge(settings.RENDER_QUEUE)
-
-
 def queued_job(owner: User, chunks: int, max_slices: int) -> RenderJob:
-    frames = list(range(1, chunks + 1))
-    job = RenderJob.objects.create(
-        owner=owner,
-        state=RenderJob.State.QUEUED,
-        upload_name="shot.blend",
-        folder=f"t{owner.pk}/{secrets.token_hex(8)}",
-        main_file="scene.blend",
-        frame_spec=f"1-{chunks}",
-        frames=frames,
-        frame_count=chunks,
-        chunk_size=1,
-        max_slices=max_slices,
-        **WHOLE,  # type: ignore[arg-type]
-    )
-    RenderFrame.objects.bulk_create([RenderFrame(job=job, number=n) for n in frames])
-    RenderChunk.objects.bulk_create([RenderChunk(job=job, index=n - 1, frames=[n]) for n in frames])
-    return job
+    return one_frame_a_chunk(owner, RenderJob.State.QUEUED, chunks, max_slices)
 
 
 @pytest.mark.django_db(transaction=True)
