@@ -432,6 +432,9 @@ SPOT_GRACE_SECONDS = env.integer("PORTAL_SPOT_GRACE_SECONDS", 120, minimum=0)
 RENDER_CHUNK_ATTEMPTS = env.integer("PORTAL_RENDER_CHUNK_ATTEMPTS", 3, minimum=1)
 RENDER_CHUNK_WALL_SECONDS = env.integer("PORTAL_RENDER_CHUNK_WALL_SECONDS", 3600, minimum=10)
 RENDER_PROBE_WALL_SECONDS = env.integer("PORTAL_RENDER_PROBE_WALL_SECONDS", 600, minimum=10)
+# The estimate's probe renders a few of the job's frames as the job will; this bounds their sampling in all
+# (shared among them, each frame stopped at its share, its samples left projected at the pace of those taken).
+RENDER_PROBE_SAMPLING_SECONDS = env.integer("PORTAL_RENDER_PROBE_SAMPLING_SECONDS", 30, minimum=1)
 RENDER_THUMBNAIL_PIXELS = env.integer("PORTAL_RENDER_THUMBNAIL_PIXELS", 320, minimum=16)
 # What one chunk's run (or the probe) may write into its output folder, a host folder the sandbox writes:
 # past it the container is stopped and the job fails, so a hostile scene cannot fill the host's disk.

@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import math
 from dataclasses import asdict, dataclass
 from datetime import datetime
 
@@ -37,7 +36,7 @@ from sessions.gpus.allocator import (
 from sessions.gpus.holders import Holder
 from sessions.gpus.models import Slice
 from sessions.notebooks import pricing
-from sessions.render import containers, files, jobs, progress
+from sessions.render import containers, estimates, files, jobs, progress
 from sessions.render.models import RenderChunk, RenderFrame, RenderJob
 from sessions.runtime import blender
 from sessions.runtime.blender import RenderSettings
@@ -60,6 +59,7 @@ FORMATS_KEY = "render:formats"  # what the last probe's Blender said it writes; 
 FORMATS_KEPT_S = 7 * 24 * 3600
 PREVIEW_MOST_PIXELS = 4096
 PROBE = "probe"  # the probe's output folder in the job's, removed after it
+PROBE_FRAMES = 3
 
 
 class Refused(Exception):
@@ -72,19 +72,24 @@ class ProbeWaits(Exception):
 
 @dataclass(frozen=True)
 class Estimate:
-    """What the probe found: the scene's facts as Blender read them, and what the job would take and cost."""
+    """What the probe found: the scene's facts as Blender read them, and what the job would take and cost
+    (``sessions.render.estimates``): each chunk the per-run overhead plus its frames at the time per frame."""
 
     facts: dict[str, object]
     device: str
-    probe_samples: int
+    probe_samples: int | None  # the samples the probe rendered at (the job's; None: the scene's own)
     seconds_per_frame: float
-    overhead_s: float
+    overhead_s: float  # once per chunk: the container's and Blender's start, the file, the kernels
     frames: int
     chunks: int
     slices: int
     total_seconds: float
     cost: str
     why_cpu: str = ""  # why Cycles renders on the CPU (the GPU is simulated, the build lacks a backend ...)
+    probe_frames: tuple[int, ...] = ()  # the frames the probe rendered
+    projected_frames: tuple[int, ...] = ()  # those whose sampling the probe stopped: their time is projected
+    slowdown: float = 1.0  # the job's slices share the host's cores (Cycles on the CPU): each renders this much slower
+    minutes: int = 0  # the minutes billed: each started minute of each slice's holding
 
     @property
     def on_gpu(self) -> bool:
@@ -174,12 +179,14 @@ def _probe_slice(job: RenderJob) -> Slice | None:
 
 
 def _allocate_for_probe(job: RenderJob) -> Slice:
+    """A slice of the job's own offer, so the probe measures what the job's slices will render at; where
+    none is free, a smaller one of its kind (a slower slice: the estimate errs high)."""
     holder = Holder.render(job.pk)
     try:
-        return allocate(job.owner, probe_request(job), holder=holder)
+        return allocate(job.owner, job.request, holder=holder)
     except AllocationRefused:
         try:
-            return allocate(job.owner, job.request, holder=holder)
+            return allocate(job.owner, probe_request(job), holder=holder)
         except AllocationRefused as refused:
             raise ProbeWaits(refused.reason) from None
 
@@ -204,8 +211,15 @@ def estimate(job_id: int) -> RenderJob:
     return job
 
 
+def probe_frames(frames: list[int]) -> tuple[int, ...]:
+    """The frames the probe renders: the job's first, middle and last (an animation's frames differ)."""
+    picked = {frames[0], frames[(len(frames) - 1) // 2], frames[-1]} if frames else set()
+    return tuple(sorted(picked))[:PROBE_FRAMES]
+
+
 def _probe(job: RenderJob, taken: Slice, watched: containers.Watched) -> Probe | Exception:
     output = job.folder_path() / PROBE
+    frames = probe_frames(list(job.frames))
     try:
         output.mkdir(exist_ok=True)  # never its parents: a job cancelled meanwhile has no folder left
         return probe(
@@ -214,7 +228,8 @@ def _probe(job: RenderJob, taken: Slice, watched: containers.Watched) -> Probe |
             scene_of(job),
             output,
             render_settings(job, taken),
-            frame=job.frames[0],
+            frames=frames,
+            limit_s=settings.RENDER_PROBE_SAMPLING_SECONDS / max(1, len(frames)),
             wall_time_s=settings.RENDER_PROBE_WALL_SECONDS,
             output_limit=settings.RENDER_MAX_OUTPUT_BYTES,
         )
@@ -280,25 +295,29 @@ def _probe_failure(error: Exception) -> str:
 
 
 def _write_estimate(job: RenderJob, found: Probe) -> None:
-    chunks = math.ceil(job.frame_count / max(1, job.chunk_size))
-    slices = max(1, min(job.max_slices, chunks))
-    per_frame = found.seconds_at(job.samples)
-    per_chunk = job.chunk_size * per_frame + found.overhead_s
-    total = math.ceil(chunks / slices) * per_chunk
+    """The job's time and cost from what its probe measured (``sessions.render.estimates``)."""
+    device = found.result.device or "CPU"
+    at_once = estimates.slices_for(job.frame_count, job.chunk_size, job.max_slices)
+    slowdown = estimates.sharing(at_once, found.threads, found.host_cpus, on_cpu=device == "CPU")
+    per_frame, overhead = found.seconds_per_frame, found.overhead_s
+    planned = estimates.plan(job.frame_count, job.chunk_size, job.max_slices, per_frame, overhead, slowdown=slowdown)
     rate = pricing.current().per_minute(job.request, job.market)
-    cost = None if rate is None else rate * slices * max(1, math.ceil(total / 60))
     estimate = Estimate(
         facts={**asdict(found.facts), "version": list(found.facts.version)},
-        device=found.result.device or "CPU",
-        probe_samples=found.samples,
-        seconds_per_frame=round(per_frame, 2),
-        overhead_s=round(found.overhead_s, 2),
+        device=device,
+        probe_samples=job.samples or found.facts.samples,
+        seconds_per_frame=round(per_frame * slowdown, 2),
+        overhead_s=round(overhead * slowdown, 2),
         frames=job.frame_count,
-        chunks=chunks,
-        slices=slices,
-        total_seconds=round(total, 1),
-        cost=progress.shown(cost),
-        why_cpu=_why_cpu(found) if (found.result.device or "CPU") == "CPU" else "",
+        chunks=planned.chunks,
+        slices=planned.slices,
+        total_seconds=round(planned.total_seconds, 1),
+        cost=progress.shown(None if rate is None else rate * planned.minutes),
+        why_cpu=_why_cpu(found) if device == "CPU" else "",
+        probe_frames=found.frames,
+        projected_frames=found.stopped,
+        slowdown=round(slowdown, 2),
+        minutes=planned.minutes,
     )
     (job.folder_path() / ESTIMATE_FILE).write_text(json.dumps(asdict(estimate)))
 
@@ -314,8 +333,11 @@ def estimate_of(job: RenderJob) -> Estimate | None:
     """The job's estimate, once its probe has run."""
     path = job.folder_path() / ESTIMATE_FILE
     try:
-        return Estimate(**json.loads(path.read_text()))
-    except (OSError, ValueError, TypeError):
+        found = json.loads(path.read_text())
+        for frames in ("probe_frames", "projected_frames"):
+            found[frames] = tuple(found.get(frames, ()))
+        return Estimate(**found)
+    except (OSError, ValueError, TypeError, AttributeError):
         return None
 
 
