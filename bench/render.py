@@ -302,6 +302,7 @@ def render_portal(name: str) -> Iterator[tuple[dict[str, str], Workers, Path]]:
         REDIS_URL=os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/9"),
         PORTAL_CELERY_QUEUE=queue,
         PORTAL_RENDER_QUEUE=f"{queue}-render",
+        PORTAL_ESTIMATE_QUEUE=f"{queue}-estimate",
         PORTAL_CACHE_PREFIX=queue,
         PORTAL_CHANNEL_PREFIX=queue,
         PORTAL_INSTANCE_ID=queue,  # the label on the portal's containers
@@ -319,6 +320,7 @@ def render_portal(name: str) -> Iterator[tuple[dict[str, str], Workers, Path]]:
             run_checked([str(BIN / "python"), "manage.py", *step], f"manage.py {step[0]}", cwd=ROOT, env=env)
         workers.start("worker", queue)
         workers.start("render", f"{queue}-render")
+        workers.start("estimate", f"{queue}-estimate")
         yield env, workers, tmp
     finally:
         workers.stop()

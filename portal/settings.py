@@ -231,6 +231,9 @@ CELERY_TASK_ALWAYS_EAGER = False
 # Render jobs' own queue (portal/celery.py routes the probe and the slices' workers there); empty: the
 # default queue's name plus "-render", so a test run's or a second portal's queues stay apart.
 RENDER_QUEUE = env.text("PORTAL_RENDER_QUEUE", "")
+# Estimates' own queue (the probe), read by a worker of its own, so an upload is estimated while renders hold
+# every render thread; empty: the default queue's name plus "-estimate".
+ESTIMATE_QUEUE = env.text("PORTAL_ESTIMATE_QUEUE", "")
 
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},

@@ -1,13 +1,12 @@
-"""Render work after a crash: the render worker's restart, and reconciliation every half minute.
+"""Render work after a crash: the render and estimate workers' restarts, and reconciliation every half minute.
 
 At its start the render worker finds the chunks it was rendering (their workers died with it): their
 containers are stopped and the chunks wait again, without losing an attempt, and each job gets workers for
-its slices again. Reconciliation frees what a crashed job left: slices a finished (or vanished) job still
-holds, containers of jobs that ended, chunks whose container is gone; seeks slices for jobs that wait, and
-workers for slices nobody works on; and
-sends the estimate again where its task was lost (a broker that did not answer the upload).
-As with notebooks (sessions/notebooks/reconcile.py), safe to run at any time.
-"""
+its slices again; the estimate worker, at its start, sends the probes it was running again. Reconciliation
+frees what a crashed job left: slices a finished (or vanished) job still holds, containers of jobs that
+ended, chunks whose container is gone; seeks slices for jobs that wait, and workers for slices nobody works
+on; and sends the estimate again where its task was lost (a broker that did not answer the upload).
+As with notebooks (sessions/notebooks/reconcile.py), safe to run at any time."""
 
 from __future__ import annotations
 
@@ -51,20 +50,28 @@ def put_back(chunk_id: int, count_attempt: bool) -> bool:
 
 def recover_after_restart(runtime: DockerRuntime | None = None) -> dict[str, int]:
     """The render worker has just started, so none of its workers runs: every rendering chunk was cut off.
-    (One render worker per portal: the supervisor's `render` program.)"""
+    (One render worker per portal: the supervisor's `render` program.) Probes run elsewhere (``restart_probes``)."""
     runtime = runtime or DockerRuntime()
-    counts = {"chunks_put_back": 0, "probes_restarted": 0, "workers_sent": 0}
+    counts = {"chunks_put_back": 0, "workers_sent": 0}
     for chunk in RenderChunk.objects.filter(state=ChunkState.RENDERING):
         containers.stop(runtime, containers.of_chunk(runtime, chunk.pk))
         for container_id in containers.of_chunk(runtime, chunk.pk):
             runtime.remove(container_id)
         counts["chunks_put_back"] += int(put_back(chunk.pk, count_attempt=False))
-    for job in RenderJob.objects.filter(state=RenderJob.State.ESTIMATING):
-        _restart_probe(runtime, job.pk)
-        counts["probes_restarted"] += 1
     for job_id in RenderJob.objects.filter(state__in=services.RUNNING).values_list("pk", flat=True):
         counts["workers_sent"] += services.dispatch(job_id)
     return counts
+
+
+def restart_probes(runtime: DockerRuntime | None = None) -> dict[str, int]:
+    """The estimate worker has just started, so no probe runs: each job left estimating has what its probe
+    left stopped and released, and its probe sent again. (One estimate worker per portal: the supervisor's
+    `estimate` program.)"""
+    runtime = runtime or DockerRuntime()
+    jobs = list(RenderJob.objects.filter(state=RenderJob.State.ESTIMATING).values_list("pk", flat=True))
+    for job_id in jobs:
+        _restart_probe(runtime, job_id)
+    return {"probes_restarted": len(jobs)}
 
 
 def _restart_probe(runtime: DockerRuntime, job_id: int) -> None:
