@@ -53,7 +53,7 @@ DISPATCH_JOB = "sessions.render.tasks.dispatch_job"
 WORK_ON_SLICE = "sessions.render.tasks.work_on_slice"
 # Billing's task that charges a holding to its end, by name: sessions never import billing.
 CHARGE_HOLDING = "billing.tasks.charge_holding"
-RUNNING = (State.QUEUED, State.RENDERING)
+RUNNING = RenderJob.RUNNING
 ESTIMATE_FILE = "estimate.json"
 FORMATS_KEY = "render:formats"  # what the last probe's Blender said it writes; the upload form offers those
 FORMATS_KEPT_S = 7 * 24 * 3600
