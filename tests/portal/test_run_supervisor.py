@@ -32,6 +32,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SupervisedRun]:
         tmp_path_factory.mktemp("make-run"), LOGS / "make-run.log", PORTAL_START_RETRIES="1", PORTAL_REVIVE_SECONDS="2"
     )
     try:
+        started.answered_at_announcement = started.answered_when_announced(LOGS / "make-run.log", timeout=240)
         started.ready(timeout=240)
         yield started
     finally:
@@ -64,6 +65,11 @@ def back_again(run: SupervisedRun, name: str) -> Callable[[], bool]:
     if name in ("render", "estimate"):
         return lambda: worker_queues(run, name) == [f"{run.queue}-{name}"]
     return lambda: True  # beat, agent, console, revive: running again is all they show
+
+
+def test_the_address_is_printed_only_once_it_answers(run: SupervisedRun) -> None:
+    # Printed earlier, the first person to open it met the proxy's 503 for the seconds daphne took to start.
+    assert run.answered_at_announcement, "the address was printed before it answered"
 
 
 def test_the_worker_takes_eight_tasks_at_once(run: SupervisedRun) -> None:
