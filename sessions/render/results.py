@@ -32,7 +32,7 @@ def done_frames(job: RenderJob) -> list[RenderFrame]:
     return list(_done(job))
 
 
-def gallery(job: RenderJob, number: object) -> Page[RenderFrame]:
+def gallery(job: RenderJob, number: str | None) -> Page[RenderFrame]:
     """One page of its finished frames, in order; a page that is not a number is the first, one past the
     end the last."""
     return Paginator(_done(job), GALLERY_FRAMES).get_page(number)
