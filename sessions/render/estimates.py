@@ -46,29 +46,32 @@ def slices_for(frames: int, chunk_size: int, max_slices: int) -> int:
     return max(1, min(max_slices, len(chunk_sizes(frames, chunk_size))))
 
 
-def sharing(slices: int, threads: int, host_cpus: int, on_cpu: bool) -> float:
-    """How much slower each slice renders because the job's slices share the host's cores: Cycles on the CPU
-    (a simulated GPU) uses the container's CPUs, and slices whose CPUs together pass the host's take turns.
-    On a GPU each slice renders on its own."""
+@dataclass(frozen=True)
+class Sharing:
+    """How much slower each of the job's slices renders because they share the host's cores: Cycles on the
+    CPU (a simulated GPU) samples on every thread of the container's CPUs, and slices whose threads together
+    pass the host's cores take turns; the rest of a frame (syncing the scene, saving) and of a run (starting
+    the container and Blender) runs mostly on one core each. On a GPU each slice renders on its own."""
+
+    sampling: float = 1.0
+    serial: float = 1.0
+
+    def frame(self, seconds: float, sampling: float) -> float:
+        """A frame of ``seconds``, ``sampling`` of them spent sampling, on a shared host."""
+        return (seconds - sampling) * self.serial + sampling * self.sampling
+
+
+def sharing(slices: int, threads: int, host_cpus: int, on_cpu: bool) -> Sharing:
     if not on_cpu or host_cpus <= 0:
-        return 1.0
-    return max(1.0, slices * max(1, threads) / host_cpus)
+        return Sharing()
+    return Sharing(max(1.0, slices * max(1, threads) / host_cpus), max(1.0, slices / host_cpus))
 
 
-def plan(
-    frames: int,
-    chunk_size: int,
-    max_slices: int,
-    per_frame_s: float,
-    per_chunk_s: float,
-    *,
-    slowdown: float = 1.0,
-) -> Plan:
-    """Hand the job's chunks, in order, each to the slice free first (as the slices' workers take them);
-    ``slowdown`` stretches every run (``sharing``)."""
+def plan(frames: int, chunk_size: int, max_slices: int, per_frame_s: float, per_chunk_s: float) -> Plan:
+    """Hand the job's chunks, in order, each to the slice free first (as the slices' workers take them)."""
     sizes = chunk_sizes(frames, chunk_size)
     held = [0.0] * slices_for(frames, chunk_size, max_slices)
     for size in sizes:
         free_first = held.index(min(held))
-        held[free_first] += (per_chunk_s + size * per_frame_s) * slowdown
+        held[free_first] += per_chunk_s + size * per_frame_s
     return Plan(len(sizes), tuple(round(seconds, 3) for seconds in held))

@@ -88,7 +88,7 @@ class Estimate:
     why_cpu: str = ""  # why Cycles renders on the CPU (the GPU is simulated, the build lacks a backend ...)
     probe_frames: tuple[int, ...] = ()  # the frames the probe rendered
     projected_frames: tuple[int, ...] = ()  # those whose sampling the probe stopped: their time is projected
-    slowdown: float = 1.0  # the job's slices share the host's cores (Cycles on the CPU): each renders this much slower
+    slowdown: float = 1.0  # the job's slices share the host's cores (Cycles on the CPU): each samples this much slower
     minutes: int = 0  # the minutes billed: each started minute of each slice's holding
 
     @property
@@ -298,16 +298,17 @@ def _write_estimate(job: RenderJob, found: Probe) -> None:
     """The job's time and cost from what its probe measured (``sessions.render.estimates``)."""
     device = found.result.device or "CPU"
     at_once = estimates.slices_for(job.frame_count, job.chunk_size, job.max_slices)
-    slowdown = estimates.sharing(at_once, found.threads, found.host_cpus, on_cpu=device == "CPU")
-    per_frame, overhead = found.seconds_per_frame, found.overhead_s
-    planned = estimates.plan(job.frame_count, job.chunk_size, job.max_slices, per_frame, overhead, slowdown=slowdown)
+    shared = estimates.sharing(at_once, found.threads, found.host_cpus, on_cpu=device == "CPU")
+    per_frame = shared.frame(found.seconds_per_frame, found.sampling_per_frame)
+    overhead = found.overhead_s * shared.serial
+    planned = estimates.plan(job.frame_count, job.chunk_size, job.max_slices, per_frame, overhead)
     rate = pricing.current().per_minute(job.request, job.market)
     estimate = Estimate(
         facts={**asdict(found.facts), "version": list(found.facts.version)},
         device=device,
         probe_samples=job.samples or found.facts.samples,
-        seconds_per_frame=round(per_frame * slowdown, 2),
-        overhead_s=round(overhead * slowdown, 2),
+        seconds_per_frame=round(per_frame, 2),
+        overhead_s=round(overhead, 2),
         frames=job.frame_count,
         chunks=planned.chunks,
         slices=planned.slices,
@@ -316,7 +317,7 @@ def _write_estimate(job: RenderJob, found: Probe) -> None:
         why_cpu=_why_cpu(found) if device == "CPU" else "",
         probe_frames=found.frames,
         projected_frames=found.stopped,
-        slowdown=round(slowdown, 2),
+        slowdown=round(shared.sampling, 2),
         minutes=planned.minutes,
     )
     (job.folder_path() / ESTIMATE_FILE).write_text(json.dumps(asdict(estimate)))

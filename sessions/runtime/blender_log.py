@@ -114,16 +114,22 @@ class FrameTiming:
             return False
         return self.reached < self.samples and sampling >= STOPPED_BY_LIMIT * limit_s
 
-    def projected(self, limit_s: float | None) -> float | None:
-        """Its time had its sampling not been stopped at ``limit_s`` seconds: as measured where it was not;
-        else its samples left at the pace of those it took (with adaptive sampling, the samples left would
-        be fewer and cheaper, so this errs high)."""
+    def projected_sampling(self, limit_s: float | None) -> float | None:
+        """Its sampling had it not been stopped at ``limit_s`` seconds: as measured where it was not; else
+        its samples left at the pace of those it took (with adaptive sampling, the samples left would be
+        fewer and cheaper, so this errs high)."""
         sampling = self.sampling
-        if self.total is None or sampling is None:
+        if sampling is None or not self.stopped_by(limit_s) or not self.reached or not self.samples:
+            return sampling
+        return round(sampling * self.samples / self.reached, 3)
+
+    def projected(self, limit_s: float | None) -> float | None:
+        """Its time had its sampling not been stopped at ``limit_s`` seconds (``projected_sampling``):
+        preparing and saving stay as they were."""
+        sampling, projected = self.sampling, self.projected_sampling(limit_s)
+        if self.total is None or sampling is None or projected is None:
             return None
-        if not self.stopped_by(limit_s) or not self.reached or not self.samples:
-            return self.total
-        return round(self.total + sampling * (self.samples / self.reached - 1), 3)
+        return round(self.total + projected - sampling, 3)
 
 
 @dataclass

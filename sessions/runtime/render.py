@@ -364,6 +364,15 @@ class Probe:
         return round(sum(self.frame_seconds) / len(self.frame_seconds), 3)
 
     @property
+    def sampling_per_frame(self) -> float:
+        """The part of ``seconds_per_frame`` Cycles spent sampling (spread over all its threads; the rest,
+        syncing the scene and saving, runs mostly on one)."""
+        sampling = [timing.projected_sampling(self.limit_s) for timing in self.timings]
+        if any(seconds is None for seconds in sampling):
+            return 0.0
+        return round(min(self.seconds_per_frame, sum(s or 0.0 for s in sampling) / len(sampling)), 3)
+
+    @property
     def stopped(self) -> tuple[int, ...]:
         """The frames whose sampling the probe's limit stopped (their time is projected, not measured)."""
         return tuple(timing.frame for timing in self.timings if timing.stopped_by(self.limit_s))

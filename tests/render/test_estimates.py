@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from sessions.render import services
-from sessions.render.estimates import chunk_sizes, plan, sharing, slices_for
+from sessions.render.estimates import Sharing, chunk_sizes, plan, sharing, slices_for
 
 
 def test_a_chunks_overhead_is_paid_once_per_chunk_and_each_frame_at_the_probes_time() -> None:
@@ -32,15 +32,18 @@ def test_never_more_slices_than_chunks_and_always_one() -> None:
     assert plan(3, 4, 8, per_frame_s=1.0, per_chunk_s=1.0).slices == 1
 
 
-def test_slices_rendering_on_the_cpu_share_the_hosts_cores_and_on_a_gpu_do_not() -> None:
-    # Two slices of 2 CPUs each on a 2-core host take turns: each renders half as fast.
-    assert sharing(2, threads=2, host_cpus=2, on_cpu=True) == 2.0
-    assert sharing(1, threads=2, host_cpus=2, on_cpu=True) == 1.0
-    assert sharing(4, threads=2, host_cpus=16, on_cpu=True) == 1.0
-    assert sharing(2, threads=2, host_cpus=2, on_cpu=False) == 1.0
-    # Shared cores stretch every run, so two slices are held as long as one would be, and billed twice.
-    alone = plan(4, 1, 1, per_frame_s=20.0, per_chunk_s=10.0)
-    shared = plan(4, 1, 2, per_frame_s=20.0, per_chunk_s=10.0, slowdown=2.0)
+def test_slices_rendering_on_the_cpu_share_the_hosts_cores_for_sampling_and_on_a_gpu_do_not() -> None:
+    # Two slices of 2 threads each on a 2-core host take turns sampling; syncing and saving take a core each.
+    assert sharing(2, threads=2, host_cpus=2, on_cpu=True) == Sharing(sampling=2.0, serial=1.0)
+    assert sharing(1, threads=2, host_cpus=2, on_cpu=True) == Sharing()
+    assert sharing(4, threads=2, host_cpus=16, on_cpu=True) == Sharing()
+    assert sharing(4, threads=1, host_cpus=2, on_cpu=True) == Sharing(sampling=2.0, serial=2.0)
+    assert sharing(2, threads=2, host_cpus=2, on_cpu=False) == Sharing()
+    # A frame of 1.5 s, 1.25 of them sampling: the sampling takes twice as long, the rest as long as it did.
+    assert Sharing(sampling=2.0).frame(1.5, sampling=1.25) == 2.75
+    # Sampling-bound frames on shared cores: two slices are held as long as one would be, and billed twice.
+    per_frame = Sharing(sampling=2.0).frame(20.0, sampling=20.0)
+    alone, shared = plan(4, 1, 1, 20.0, per_chunk_s=0.0), plan(4, 1, 2, per_frame, per_chunk_s=0.0)
     assert shared.held_s == (alone.total_seconds, alone.total_seconds) and shared.minutes == 2 * alone.minutes
 
 

@@ -116,7 +116,8 @@ def test_a_frame_whose_sampling_ran_into_the_probes_limit_is_projected_to_every_
     assert (first.reached, first.samples) == (1061, 100_000), "the highest sample it said, not the last line's 0"
     assert first.stopped_by(0.5) and last.stopped_by(0.5)
     # Its 1,061 samples took 0.51 s: the 98,939 left at that pace; preparing and saving stay as they were.
-    assert first.projected(0.5) == pytest.approx(0.67 + 0.51 * (100_000 / 1061 - 1), abs=0.001)
+    assert first.projected_sampling(0.5) == pytest.approx(0.51 * 100_000 / 1061, abs=0.001)
+    assert first.projected(0.5) == pytest.approx(0.67 + 0.51 * (100_000 / 1061 - 1), abs=0.002)
     assert first.projected(None) == 0.67, "with no limit said, nothing stopped it"
 
 

@@ -368,6 +368,7 @@ def test_a_probe_renders_the_frames_it_is_given_as_the_job_would_and_times_them(
     totals = [timing.total or 0.0 for timing in found.timings]
     assert found.seconds_per_frame == pytest.approx(max(0.01, sum(totals) / 2), abs=0.011)
     assert 0 < found.overhead_s == pytest.approx(found.result.exit.wall_s - sum(totals), abs=0.002)
+    assert 0 < found.sampling_per_frame <= found.seconds_per_frame, "part of each frame is sampling"
     assert found.stopped == () and found.facts.frame_end == 3
 
 
