@@ -12,6 +12,14 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+PROBE_FRAMES = 3
+
+
+def probe_frames(frames: list[int]) -> tuple[int, ...]:
+    """The frames the probe renders: the job's first, middle and last (an animation's frames differ)."""
+    picked = {frames[0], frames[(len(frames) - 1) // 2], frames[-1]} if frames else set()
+    return tuple(sorted(picked))[:PROBE_FRAMES]
+
 
 @dataclass(frozen=True)
 class Plan:

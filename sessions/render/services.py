@@ -59,7 +59,6 @@ FORMATS_KEY = "render:formats"  # what the last probe's Blender said it writes; 
 FORMATS_KEPT_S = 7 * 24 * 3600
 PREVIEW_MOST_PIXELS = 4096
 PROBE = "probe"  # the probe's output folder in the job's, removed after it
-PROBE_FRAMES = 3
 
 
 class Refused(Exception):
@@ -211,15 +210,9 @@ def estimate(job_id: int) -> RenderJob:
     return job
 
 
-def probe_frames(frames: list[int]) -> tuple[int, ...]:
-    """The frames the probe renders: the job's first, middle and last (an animation's frames differ)."""
-    picked = {frames[0], frames[(len(frames) - 1) // 2], frames[-1]} if frames else set()
-    return tuple(sorted(picked))[:PROBE_FRAMES]
-
-
 def _probe(job: RenderJob, taken: Slice, watched: containers.Watched) -> Probe | Exception:
     output = job.folder_path() / PROBE
-    frames = probe_frames(list(job.frames))
+    frames = estimates.probe_frames(list(job.frames))
     try:
         output.mkdir(exist_ok=True)  # never its parents: a job cancelled meanwhile has no folder left
         return probe(

@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from sessions.render import services
-from sessions.render.estimates import Sharing, chunk_sizes, plan, sharing, slices_for
+from sessions.render.estimates import Sharing, chunk_sizes, plan, probe_frames, sharing, slices_for
 
 
 def test_a_chunks_overhead_is_paid_once_per_chunk_and_each_frame_at_the_probes_time() -> None:
@@ -58,4 +57,4 @@ def test_slices_rendering_on_the_cpu_share_the_hosts_cores_for_sampling_and_on_a
     ],
 )
 def test_the_probe_renders_the_jobs_first_middle_and_last_frames(frames: list[int], probed: tuple[int, ...]) -> None:
-    assert services.probe_frames(frames) == probed
+    assert probe_frames(frames) == probed
