@@ -236,6 +236,9 @@ RENDER_QUEUE = env.text("PORTAL_RENDER_QUEUE", "")
 # Threads of the render worker (make run's supervisor starts it with as many): each follows one slice's chunks,
 # and every person rendering gets an equal share of them (sessions/render/services.py, share_of_threads).
 RENDER_THREADS = env.integer("PORTAL_RENDER_CONCURRENCY", os.cpu_count() or 1, minimum=1)
+# Estimates' own queue (the probe), read by a worker of its own, so an upload is estimated while renders hold
+# every render thread; empty: the default queue's name plus "-estimate".
+ESTIMATE_QUEUE = env.text("PORTAL_ESTIMATE_QUEUE", "")
 
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
@@ -445,6 +448,9 @@ SPOT_GRACE_SECONDS = env.integer("PORTAL_SPOT_GRACE_SECONDS", 120, minimum=0)
 RENDER_CHUNK_ATTEMPTS = env.integer("PORTAL_RENDER_CHUNK_ATTEMPTS", 3, minimum=1)
 RENDER_CHUNK_WALL_SECONDS = env.integer("PORTAL_RENDER_CHUNK_WALL_SECONDS", 3600, minimum=10)
 RENDER_PROBE_WALL_SECONDS = env.integer("PORTAL_RENDER_PROBE_WALL_SECONDS", 600, minimum=10)
+# The estimate's probe renders a few of the job's frames as the job will; this bounds their sampling in all
+# (shared among them, each frame stopped at its share, its samples left projected at the pace of those taken).
+RENDER_PROBE_SAMPLING_SECONDS = env.integer("PORTAL_RENDER_PROBE_SAMPLING_SECONDS", 30, minimum=1)
 RENDER_THUMBNAIL_PIXELS = env.integer("PORTAL_RENDER_THUMBNAIL_PIXELS", 320, minimum=16)
 # The widest or tallest frame a job may render, in pixels (the scene's resolution at the job's percentage):
 # a scene past it fails its estimate, and no frame larger is ever decoded for a thumbnail.

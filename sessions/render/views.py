@@ -36,6 +36,7 @@ PAGE = "sessions/render_job_list.html"
 DETAIL = "sessions/render_job_detail.html"
 LISTED = 50
 ESTIMATING = (RenderJob.State.VALIDATED, RenderJob.State.ESTIMATING)  # the page polls for the estimate
+GALLERY = "render-gallery"  # the job page's region of finished frames, a page at a time
 
 
 def _person(request: PortalRequest) -> User:
@@ -139,6 +140,9 @@ def job_detail(request: PortalRequest, job_id: int) -> HttpResponse:
 def _detail(
     request: PortalRequest, job: RenderJob, form: MainFileForm | None = None, status: int = 200
 ) -> HttpResponse:
+    gallery = results.gallery(job, request.GET.get("page"))
+    if request.htmx and request.htmx.target == GALLERY:  # a link of the gallery's pager: the gallery alone
+        return render(request, f"{DETAIL}#{GALLERY}", {"job": job, "gallery": gallery})
     mine = job.owner_id == request.user.pk
     context: dict[str, object] = {
         "job": job,
@@ -146,7 +150,7 @@ def _detail(
         "mine": mine,
         "estimate": services.estimate_of(job) if job.state == RenderJob.State.AWAITING_CONFIRMATION else None,
         "progress": progress.snapshot(job),
-        "frames": results.done_frames(job),
+        "gallery": gallery,
         "failed_chunks": list(job.chunks.filter(state=RenderChunk.State.FAILED).exclude(log_excerpt="")[:3]),
         "cancellable": not job.ended,
         "may_requeue": access.may(request.user, access.Action.REQUEUE, job) and job.files_removed_at is None,

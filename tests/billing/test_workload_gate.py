@@ -22,7 +22,7 @@ from sessions.gpus.allocator import AllocationRefused, allocate
 from sessions.gpus.holders import Holder
 from sessions.gpus.models import Slice
 from sessions.notebooks.models import NotebookImage, NotebookSession
-from sessions.render import services
+from sessions.render import estimates, services
 from sessions.render.models import RenderChunk, RenderFrame, RenderJob
 from tests.billing.conftest import A100, Hold
 from tests.factories import one_frame_a_chunk, running_session
@@ -35,10 +35,11 @@ def a_job(owner: User, state: str, frames: int = 500, max_slices: int = 4, estim
     """A job of ``frames`` frames, one a chunk, on whole A100s, with an estimate of ``estimate_s`` a frame."""
     job = one_frame_a_chunk(owner, state, frames, max_slices, queued=state != RenderJob.State.AWAITING_CONFIRMATION)
     job.folder_path().mkdir(parents=True)
-    spent = services.span(job, frames, estimate_s, 0)
+    planned = estimates.plan(frames, job.chunk_size, max_slices, estimate_s, 0)
     estimate = services.Estimate(
         facts={}, device="CPU", probe_samples=4, seconds_per_frame=estimate_s, overhead_s=0, frames=frames,
-        chunks=spent.chunks, slices=spent.slices, total_seconds=spent.seconds, cost="",
+        chunks=planned.chunks, slices=planned.slices, total_seconds=planned.total_seconds, cost="",
+        minutes=planned.minutes,
     )  # fmt: skip
     (job.folder_path() / services.ESTIMATE_FILE).write_text(json.dumps(asdict(estimate)))
     return job
