@@ -25,7 +25,7 @@ from django.views.decorators.http import require_GET, require_POST
 
 from billing import credit, ledger, money, prices
 from billing.launch import duration
-from billing.models import Market, Usage
+from billing.models import Account, Entry, LedgerTransaction, Market, Usage
 from portal.http import PortalRequest
 from sessions import access
 from sessions.gpus import catalog
@@ -35,6 +35,7 @@ PAGE = "billing/account.html"
 COST = "billing/partials/holding_cost.html"
 NOTICES = "billing/partials/notices.html"
 HISTORY_ROWS = 100
+MONEY_IN_ROWS = 20
 LONGEST_RANGE_DAYS = 366
 
 
@@ -113,7 +114,12 @@ def _person(request: PortalRequest) -> User:
 def account(request: PortalRequest) -> HttpResponse:
     user = _person(request)
     history = HistoryFilter(request.GET)
-    context = {**_summary(user), **_history(user, history), "budget_form": BudgetForm()}
+    context = {
+        **_summary(user),
+        **_history(user, history),
+        "budget_form": BudgetForm(),
+        "money_in": _money_in(user),
+    }
     target = request.htmx.target if request.htmx else None
     if target in ("wallet-live", "history"):
         return render(request, f"{PAGE}#{target}", context)
@@ -143,6 +149,18 @@ def _summary(user: User) -> dict[str, object]:
         "alerts": list(credit.alerts_for(user, month)),
         "month": month,
     }
+
+
+def _money_in(user: User) -> list[tuple[Entry, str]]:
+    """The latest of what came into the person's wallet other than per-minute charges, with why: credit given
+    or topped up, credit notes, reversals, and minutes charged past a holding's end given back."""
+    entries = (
+        Entry.objects.filter(account__kind=Account.Kind.WALLET, account__user=user)
+        .exclude(transaction__kind=LedgerTransaction.Kind.USAGE)
+        .select_related("transaction")
+        .order_by("-transaction__posted_at", "-transaction_id")
+    )
+    return [(entry, money.shown(entry.amount)) for entry in entries[:MONEY_IN_ROWS]]
 
 
 def _history(user: User, history: HistoryFilter) -> dict[str, object]:

@@ -187,3 +187,22 @@ def test_a_holding_no_price_covers_says_it_is_not_billed(hold: Hold, alice: User
     held = hold(alice, timedelta(minutes=2))
     card = client_of(alice).get(reverse("billing-holding-cost", args=[held.pk])).content.decode()
     assert "no price covers it: not billed" in card and "hx-get" not in card  # nothing to follow live
+
+
+def test_minutes_given_back_are_shown_to_their_owner_with_why_and_to_nobody_else(
+    hold: Hold, alice: User, bob: User, staff: User
+) -> None:
+    """A settlement is the person's money coming back: listed on their page beside the credit they were given,
+    with the words that say why (issue 30: 'shown to the person as such')."""
+    ledger.grant_credit(alice, "5.00", by=staff, reason="course")
+    held = hold(alice, timedelta(minutes=3, seconds=5))
+    meter.tick()
+    assert held.held_from is not None
+    holdings.ended(held.pk, held.held_from, held.held_from + timedelta(minutes=2, seconds=30))
+    meter.charge_holding(held.pk)
+    page = client_of(alice).get(PAGE).content.decode()
+    assert page.count('data-testid="money-in-row"') == 2
+    assert 'data-kind="settlement"' in page and "Minutes past a holding&#x27;s end given back" in page
+    assert "1 minute charged after Notebook session #" in page and "0.14 CNY" in page
+    assert 'data-kind="top_up"' not in page and "course" in page and "5.00 CNY" in page
+    assert "money-in-row" not in client_of(bob).get(PAGE).content.decode()

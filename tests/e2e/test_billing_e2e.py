@@ -12,7 +12,7 @@ import pytest
 from django.contrib.auth.models import User
 from playwright.sync_api import Page, expect
 
-from billing import credit, ledger, money, seeds
+from billing import credit, ledger, meter, money, seeds
 from billing.models import Price
 from billing.tasks import charge_accrued
 from portal.clock import database_now
@@ -131,3 +131,23 @@ def test_staff_add_credit_and_bad_amounts_are_refused(portal_server: str, page: 
     expect(page.get_by_role("status")).to_contain_text("Added 40.00 CNY to alice")
     expect(page.get_by_test_id("credit-row").first).to_contain_text("refund")
     page.screenshot(path=str(SCREENSHOTS / "billing-credit-page.png"), full_page=True)
+
+
+def test_minutes_charged_past_an_end_come_back_on_the_billing_page_with_why(
+    portal_server: str, page: Page, alice: User, staff: User, priced: NotebookImage
+) -> None:
+    ledger.grant_credit(alice, "5.00", by=staff, reason="course")
+    session = running_for(alice, priced, "late", seconds=185)
+    assert session.slice_id is not None
+    holdings.seen([session.slice_id])  # seen running now, by a clock ahead of the engine's
+    meter.tick()  # four minutes
+    held_from = database_now() - timedelta(seconds=185)
+    holdings.ended(session.slice_id, held_from, held_from + timedelta(seconds=150))  # it had died: three
+    assert meter.charge_holding(session.slice_id).settled == 1
+    log_in(page, portal_server, "alice")
+    page.get_by_role("navigation", name="Main").get_by_role("link", name="Billing").click()
+    given_back = page.locator('[data-testid="money-in-row"][data-kind="settlement"]')
+    expect(given_back).to_contain_text("given back")
+    expect(given_back).to_contain_text("1 minute charged after Notebook session")
+    page.locator("#money-in").scroll_into_view_if_needed()
+    page.screenshot(path=str(SCREENSHOTS / "billing-money-given-back.png"), full_page=True)
