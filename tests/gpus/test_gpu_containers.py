@@ -66,7 +66,7 @@ def test_gpu_containers_carry_limits_labels_and_no_new_privileges(
     container_id, _ = run_on(runtime, taken)
     attrs = runtime.client.containers.get(container_id).attrs
     host = attrs["HostConfig"]
-    limits = limits_for(taken, runtime.host_cpus())
+    limits = limits_for(taken, runtime.host_cpus()).at_most(runtime.host_cpus(), runtime.host_memory())
     assert host["NanoCpus"] == int(limits.cpus * 1e9) == min(6, runtime.host_cpus()) * 10**9
     assert host["Memory"] == limits.memory_bytes
     assert host["PidsLimit"] == limits.pids
