@@ -10,8 +10,11 @@ class GpuSessionsConfig(AppConfig):
     def ready(self) -> None:
         # Each kind of workload registers the verbs the rest of the portal acts on it with (sessions/gpus/workloads.py).
         from sessions.gpus import workloads
+        from sessions.notebooks.services import release_handing_over
         from sessions.notebooks.workload import Notebooks
         from sessions.render.workload import RenderJobs
 
         workloads.register(Notebooks())
         workloads.register(RenderJobs())
+        # An on-demand notebook launch may wait for a reclaimed spot slice of any kind: every release hands over.
+        workloads.register_releaser(release_handing_over)

@@ -37,7 +37,7 @@ from sessions.gpus import catalog, demand, placement, statements, workloads
 from sessions.gpus.backends import BackendError, backend_for_host
 from sessions.gpus.backends.base import FoundInstance
 from sessions.gpus.catalog import GpuModel, Profile
-from sessions.gpus.holders import Holder, HolderKind
+from sessions.gpus.holders import Holder
 from sessions.gpus.models import Gpu, GpuHost, GpuInstance, Reclaim, Slice, SliceQuota
 from sessions.gpus.placement import Layout
 
@@ -558,9 +558,9 @@ def _refuse_release(slice_id: int) -> None:
 def reclaimable(request: SliceRequest) -> Slice | None:
     """The spot slice whose end would make room for ``request`` (one refused for capacity), or None.
 
-    Only an active spot slice a notebook session holds and that nobody is waiting for already; never an
-    on-demand one. The youngest first: it has the least work to lose. The room it leaves must fit the
-    request: the MIG layout without its instance admits the profile (dynamic), or its instance is of
+    Only an active spot slice a workload holds (a notebook session, a render job) and that nobody is waiting
+    for already; never an on-demand one. The youngest first: it has the least work to lose. The room it leaves
+    must fit the request: the MIG layout without its instance admits the profile (dynamic), or its instance is of
     the profile (static); a whole GPU it alone holds; a share of a full time-sliced GPU.
     Read-only: the caller records the promise (``Reclaim``) in the turn its refused ``allocate`` took.
     """
@@ -569,7 +569,7 @@ def reclaimable(request: SliceRequest) -> Slice | None:
     spot = Slice.objects.filter(
         released_at__isnull=True,
         market=Slice.Market.SPOT,
-        holder_kind=HolderKind.NOTEBOOK,
+        holder_id__isnull=False,
         kind=request.kind,
         gpu__in=_gpus(request, request.kind),
     )

@@ -21,7 +21,7 @@ from django.db.models.functions import Coalesce, Greatest
 
 from portal.celery import send_on_commit
 from portal.clock import database_now
-from sessions.gpus.allocator import release as release_slice
+from sessions.gpus import workloads
 from sessions.gpus.models import Slice
 
 # Billing's task that charges a holding to its end (billing.tasks registers it under this name): billing may
@@ -87,7 +87,7 @@ def end(
             ended(slice_id, since, until or taken.seen_at or since)
             send_on_commit(CHARGE_HOLDING, slice_id)
         if release and taken.released_at is None:  # locked: no other release gets between
-            release_slice(slice_id, reason=reason)
+            workloads.release(slice_id, reason)  # to a launch waiting for it, where one waits
 
 
 def last_proof(taken: Slice) -> datetime | None:

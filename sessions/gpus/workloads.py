@@ -12,7 +12,7 @@ import billing. The end of a holding is one function for every kind: ``sessions.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from decimal import Decimal
 from typing import TYPE_CHECKING, Protocol
 
@@ -54,6 +54,12 @@ class Kind(Protocol):
         ends. ``by`` is the person asking (None: the portal itself); it answers as its own stop would."""
         ...
 
+    def give_up(self, holder_id: int, slice_id: int, reason: str) -> None:
+        """Hand one of its slices back (a spot reclaim): what runs on it stops, the slice is released once its
+        container is gone (``sessions.gpus.holdings.end``, which hands it to whoever waits for it), and the
+        workload goes on elsewhere if it can."""
+        ...
+
 
 class Gate(Protocol):
     """Whoever bills: may this person take a slice for this workload, or commit to this cost?"""
@@ -77,8 +83,10 @@ class Open:
         return None
 
 
+Releaser = Callable[[int, str], None]
 _kinds: dict[str, Kind] = {}
 _gate: list[Gate] = [Open()]
+_releaser: list[Releaser] = []
 
 
 def register(kind: Kind) -> None:
@@ -87,6 +95,21 @@ def register(kind: Kind) -> None:
 
 def register_gate(gate: Gate) -> None:
     _gate[0] = gate
+
+
+def register_releaser(releaser: Releaser) -> None:
+    """How a slice is given back once a workload's holding of it ended: the allocator's release, or one that
+    hands the room to a launch waiting for it (a spot reclaim's) in the same turn; registered at start-up."""
+    _releaser[:] = [releaser]
+
+
+def release(slice_id: int, reason: str) -> None:
+    if _releaser:
+        _releaser[0](slice_id, reason)
+        return
+    from sessions.gpus.allocator import release as released  # the allocator imports this module
+
+    released(slice_id, reason=reason)
 
 
 def gate() -> Gate:

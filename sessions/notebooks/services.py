@@ -20,7 +20,7 @@ from portal import push
 from portal.celery import send, send_on_commit
 from portal.roles import can_launch, launch_refusal
 from sessions import access
-from sessions.gpus import holdings
+from sessions.gpus import holdings, workloads
 from sessions.gpus.allocator import AllocationRefused, SliceRequest, allocate
 from sessions.gpus.holders import Holder
 from sessions.gpus.models import Slice
@@ -272,15 +272,26 @@ def ask_hub_to_stop(session: NotebookSession) -> bool:
     return True
 
 
-def preempt_spot(reclaim_id: int) -> NotebookSession | None:
-    """The grace time of a reclaim is up: stop its spot session (reason preempted); its end hands the slice over.
+def preempt_spot(reclaim_id: int) -> Holder | None:
+    """The grace time of a reclaim is up: its spot holder, of whatever kind, gives the slice up (reason
+    preempted) through the workload registry; the holding's end hands the slice over. Returns that holder.
 
     Nothing happens when it is not due yet, already settled or stopping, or its waiting session gave up.
     """
-    session_id = spot.due_spot_session(reclaim_id)
-    if session_id is None:
+    due = spot.due_spot_holder(reclaim_id)
+    if due is None:
         return None
-    return stop_session(session_id, by=None, reason=NotebookSession.EndReason.PREEMPTED)
+    holder, slice_id = due
+    workloads.kind_of(holder).give_up(holder.id, slice_id, workloads.Reason.PREEMPTED)
+    return holder
+
+
+def release_handing_over(slice_id: int, reason: str) -> None:
+    """The workload registry's releaser: give a slice back, and where an on-demand launch waits for it (a spot
+    reclaim), allocate for it in the same turn and start it there."""
+    handed = spot.release_to_waiting(slice_id, reason=reason)
+    if handed is not None:
+        _take_over(handed)
 
 
 def preempt_due_spot() -> int:
@@ -406,9 +417,7 @@ def _end(
     session.save()
     _announce(session)
     if session.slice_id and session.slice and session.slice.active:
-        handed = spot.release_to_waiting(session.slice_id, reason=f"notebook {session.state}")
-        if handed is not None:
-            _take_over(handed)
+        release_handing_over(session.slice_id, reason=f"notebook {session.state}")
     return session
 
 

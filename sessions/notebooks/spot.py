@@ -1,10 +1,13 @@
-"""Spot sessions give way to on-demand ones: the notice, the grace time and the hand-over of the slice.
+"""Spot workloads give way to on-demand launches: the notice, the grace time and the hand-over of the slice.
 
-An on-demand launch refused for capacity may take a spot slice (``allocator.reclaimable``): the launch
-waits, the spot session's owner is told, and PORTAL_SPOT_GRACE_SECONDS later the spot session is stopped
-with reason ``preempted``. When its container is gone, the release of its slice and the allocation for
-the waiting session happen in one transaction and one allocation turn, so nobody else takes the room.
-The session services call these functions; they change reclaims, never a session's state.
+An on-demand launch refused for capacity may take a spot slice of any kind of workload
+(``allocator.reclaimable``): the launch waits, the spot holder's owner is told, and
+PORTAL_SPOT_GRACE_SECONDS later the holder gives the slice up through the workload registry (a notebook
+session stops with reason ``preempted``; a render job's chunk there is put back and its job goes on on its
+other slices). When its container is gone, the release of its slice and the allocation for the waiting
+session happen in one transaction and one allocation turn (``release_to_waiting``, the registry's releaser),
+so nobody else takes the room. The session services call these functions; they change reclaims, never a
+session's state.
 """
 
 from __future__ import annotations
@@ -76,34 +79,48 @@ def wait_for_spot(session: NotebookSession, request: SliceRequest) -> datetime |
 
 
 def _notice(taken: Slice, now: datetime, due: datetime) -> None:
-    """The spot session's notice: on its card and the dashboard (``warning``), and over the websocket.
-
-    Stamped with the reclaim's own moment, so a cancelled reclaim withdraws its notice and no other."""
-    spot = NotebookSession.objects.filter(slice=taken).first()
+    """The spot holder's notice: a session's on its card and the dashboard (``warning``), and over the websocket
+    for every kind. Stamped with the reclaim's own moment, so a cancelled reclaim withdraws its notice and no
+    other."""
+    holder = taken.holder
+    spot = NotebookSession.objects.filter(slice=taken).first() if holder and holder.kind == "notebook" else None
     if spot is None:
+        what = holder.label if holder is not None else "A spot workload"
+        text = (
+            f"{what} gives back a spot slice to an on-demand launch at {due:%H:%M:%S} UTC; what it renders there"
+            " is rendered again on another slice."
+        )
+        payload = {"type": "workload.warning", "text": text}
+        transaction.on_commit(lambda: push.notify_user(taken.owner_id, payload), robust=True)
         return
     text = (
         f"Spot session {spot.server_name} is reclaimed for an on-demand session: it stops at {due:%H:%M:%S} UTC."
         " Save your work to work/ now."
     )
     NotebookSession.objects.filter(pk=spot.pk).update(warned_at=now, warning=text[:200])
-    payload = {"type": "session.warning", "session": spot.pk, "text": text}
-    transaction.on_commit(lambda: push.notify_user(spot.owner_id, payload), robust=True)
+    session_payload = {"type": "session.warning", "session": spot.pk, "text": text}
+    transaction.on_commit(lambda: push.notify_user(spot.owner_id, session_payload), robust=True)
 
 
-def due_spot_session(reclaim_id: int, now: datetime | None = None) -> int | None:
-    """The spot session to stop now for this reclaim, or None: not due yet, settled, already stopping,
-    or its waiting session gave up meanwhile (then the reclaim is cancelled and the spot session goes on)."""
+def due_spot_holder(reclaim_id: int, now: datetime | None = None) -> tuple[Holder, int] | None:
+    """The spot holder to make give its slice up now for this reclaim, and the slice; None: not due yet, settled,
+    already stopping, or its waiting session gave up meanwhile (then the reclaim is cancelled and the holder
+    goes on)."""
     now = now or timezone.now()
-    reclaim = Reclaim.objects.filter(pk=reclaim_id, state=Pending, due_at__lte=now).first()
+    reclaim = Reclaim.objects.filter(pk=reclaim_id, state=Pending, due_at__lte=now).select_related("slice").first()
     if reclaim is None:
         return None
     waiting = NotebookSession.objects.filter(pk=reclaim.waiting_id, state=State.ALLOCATING).exists()
     if reclaim.waiting_kind != HolderKind.NOTEBOOK or not waiting:
         _cancel(reclaim)
         return None
-    spot = NotebookSession.objects.filter(slice_id=reclaim.slice_id).exclude(state=State.STOPPING).first()
-    return spot.pk if spot is not None and spot.active else None
+    holder = reclaim.slice.holder
+    if holder is None or reclaim.slice.released_at is not None:
+        return None
+    if holder.kind == HolderKind.NOTEBOOK:
+        spot = NotebookSession.objects.filter(slice_id=reclaim.slice_id).exclude(state=State.STOPPING).first()
+        return (holder, reclaim.slice_id) if spot is not None and spot.active else None
+    return holder, reclaim.slice_id
 
 
 def due_reclaims(now: datetime | None = None) -> list[int]:

@@ -28,3 +28,7 @@ class Notebooks:
 
     def stop(self, holder_id: int, reason: str, by: User | None) -> None:
         stop_session(holder_id, by=by, reason=reason)
+
+    def give_up(self, holder_id: int, slice_id: int, reason: str) -> None:
+        """A session runs on its one slice: giving it up stops the session."""
+        stop_session(holder_id, by=None, reason=reason)

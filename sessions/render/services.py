@@ -553,6 +553,30 @@ def stop_for(job_id: int, reason: str) -> RenderJob:
     return job
 
 
+def give_up_slice(job_id: int, slice_id: int, reason: str) -> None:
+    """One of the job's slices is taken back (a spot reclaim): the chunk rendering there waits again without
+    losing an attempt, and once this commits its container stops and the slice is released at the container's
+    end (handed to the launch waiting for it); the job goes on on its other slices, or on one taken afresh."""
+    with transaction.atomic():
+        job = locked(job_id)
+        taken = Slice.objects.filter(pk=slice_id, released_at__isnull=True).first()
+        if taken is None or taken.holder != Holder.render(job_id):
+            return
+        for chunk in job.chunks.select_for_update().filter(state=ChunkState.RENDERING, slice_id=slice_id):
+            chunk.state, chunk.attempts = ChunkState.PENDING, max(0, chunk.attempts - 1)
+            chunk.save(update_fields=["state", "attempts"])
+            job.frame_results.filter(number__in=chunk.frames, state=FrameState.RENDERING).update(
+                state=FrameState.PENDING
+            )
+        progress.announce(job)
+        transaction.on_commit(lambda: _stop_slice(slice_id, reason), robust=True)
+
+
+def _stop_slice(slice_id: int, reason: str) -> None:
+    runtime = DockerRuntime()
+    holdings.end(slice_id, containers.stop(runtime, runtime.containers_for("slice", str(slice_id))), reason)
+
+
 def _stop_probe(job_id: int) -> None:
     """A job cancelled while its probe may run: the probe's container stops, its slice is released (charged to
     the container's end), then the job's files go."""

@@ -35,3 +35,7 @@ class RenderJobs:
             services.cancel(holder_id)  # BadStep for one already ended: the caller says so
             return
         services.stop_for(holder_id, reason)
+
+    def give_up(self, holder_id: int, slice_id: int, reason: str) -> None:
+        """A job holds several slices: it gives the one taken back up and goes on on the others."""
+        services.give_up_slice(holder_id, slice_id, f"render job gave it up: {reason}")

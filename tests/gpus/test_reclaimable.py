@@ -96,9 +96,10 @@ def test_a_spot_slice_already_promised_is_not_promised_again(one_h200: Gpu, many
     assert reclaimable(SliceRequest(MIG, "7g.141gb")) == spot
 
 
-def test_a_render_jobs_spot_slice_is_not_reclaimed_by_the_notebook_path(one_h200: Gpu, many_slices: User) -> None:
-    allocate(many_slices, SliceRequest(MIG, "7g.141gb", market=SPOT), holder=Holder.render(1))
-    assert reclaimable(SliceRequest(MIG, "7g.141gb")) is None
+def test_a_render_jobs_spot_slice_is_reclaimed_like_a_sessions(one_h200: Gpu, many_slices: User) -> None:
+    """Every kind of workload gives its spot slices up the same way (through the workload registry)."""
+    taken = allocate(many_slices, SliceRequest(MIG, "7g.141gb", market=SPOT), holder=Holder.render(1))
+    assert reclaimable(SliceRequest(MIG, "7g.141gb")) == taken
 
 
 def test_a_static_layout_gives_up_a_spot_instance_of_the_requested_profile(one_h200: Gpu, many_slices: User) -> None:

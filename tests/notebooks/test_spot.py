@@ -255,3 +255,39 @@ def test_the_cards_show_the_notice_and_the_wait(notebook_image: NotebookImage, a
     assert "Waiting for a spot session to hand over its slice" in alices
     assert "every 3s" in alices  # the cards poll while it waits
     assert "session-notice" not in alices
+
+
+def test_a_spot_render_job_gives_its_slice_to_a_waiting_launch_and_renders_on(
+    notebook_image: NotebookImage,
+    alice: User,
+    bob: User,
+    settings,  # type: ignore[no-untyped-def]
+    quiet_render_queue: str,
+    django_capture_on_commit_callbacks: Any,
+) -> None:
+    """Spot reclaim through the workload registry: a render job's spot slice is taken back like a session's. Its
+    chunk there waits again without losing an attempt, the slice is released at its container's end and handed
+    to the on-demand launch waiting for it in the same turn, and the job goes on."""
+    from sessions.gpus import holdings
+    from sessions.gpus.allocator import allocate
+    from sessions.gpus.holders import Holder
+    from sessions.render.models import RenderChunk, RenderJob
+    from tests.factories import one_frame_a_chunk
+
+    settings.SPOT_GRACE_SECONDS = 0
+    job = one_frame_a_chunk(bob, RenderJob.State.RENDERING, frames=3, max_slices=1)
+    taken = allocate(bob, SliceRequest("mig", "7g.141gb", market=Slice.Market.SPOT), holder=Holder.render(job.pk))
+    holdings.started(taken.pk, timezone.now() - timedelta(minutes=2))
+    RenderChunk.objects.filter(job=job, index=0).update(state="rendering", slice=taken, attempts=1)
+    waiting = start_session(alice, Launch(SMALL, notebook_image.pk, "urgent"))
+    assert waiting.state == State.ALLOCATING and reclaim_of(waiting).slice_id == taken.pk
+    with django_capture_on_commit_callbacks(execute=True):
+        assert preempt_spot(reclaim_of(waiting).pk) == Holder.render(job.pk)
+    taken.refresh_from_db()
+    assert taken.released_at is not None and taken.held_until is not None  # charged to its end
+    chunk = RenderChunk.objects.get(job=job, index=0)
+    assert (chunk.state, chunk.attempts) == ("pending", 0)
+    assert RenderJob.objects.get(pk=job.pk).state == RenderJob.State.RENDERING  # it goes on
+    waiting.refresh_from_db()
+    assert waiting.state == State.STARTING and waiting.slice is not None and waiting.slice.gpu_id == taken.gpu_id
+    assert reclaim_of(waiting).state == Reclaim.State.HANDED_OVER
