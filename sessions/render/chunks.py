@@ -26,11 +26,10 @@ from django.utils import timezone
 from sessions.gpus import holdings
 from sessions.gpus.holders import Holder
 from sessions.gpus.models import Slice
-from sessions.render import containers, files, progress, services, thumbnails
+from sessions.render import containers, files, progress, slices, thumbnails
 from sessions.render.models import RenderChunk, RenderFrame, RenderJob
 from sessions.render.services import (
     RUNNING,
-    another_slice,
     estimate_of,
     held_by,
     locked,
@@ -95,8 +94,8 @@ def work_on_slice(job_id: int, slice_id: int) -> int:
             return ran
         if claim == YIELD:
             _let_go(job_id, slice_id, last_end, "its thread went to another person's render job")
-            for waiting in services.jobs_short_of_threads(but=RenderJob.objects.get(pk=job_id).owner_id):
-                services.dispatch(waiting)
+            for waiting in slices.jobs_short_of_threads(but=RenderJob.objects.get(pk=job_id).owner_id):
+                slices.dispatch(waiting)
             return ran
         if isinstance(claim, Moved):
             _let_go(job_id, slice_id, last_end, "render chunk retried on another slice")
@@ -138,7 +137,7 @@ def _claim(job_id: int, slice_id: int) -> Claim | Moved | str | None:
             return None
         if _more_than_its_share(job.owner_id):
             return YIELD
-        if _failed_here(chunk, slice_id) and (other := another_slice(job)) is not None:
+        if _failed_here(chunk, slice_id) and (other := slices.another_slice(job)) is not None:
             return Moved(other.pk)
         chunk.state, chunk.slice, chunk.attempts = ChunkState.RENDERING, taken, chunk.attempts + 1
         chunk.started_at, chunk.finished_at = timezone.now(), None
@@ -155,8 +154,8 @@ def _claim(job_id: int, slice_id: int) -> Claim | Moved | str | None:
 def _more_than_its_share(owner_id: int) -> bool:
     """Its owner holds more render threads than their share and someone else's job waits for one: this slice's
     worker lets it go between chunks (the job goes on on its other slices)."""
-    held = services.rendering_slices(owner_id)
-    return held > services.share_of_threads(owner_id) and bool(services.jobs_short_of_threads(but=owner_id))
+    held = slices.rendering_slices(owner_id)
+    return held > slices.share_of_threads(owner_id) and bool(slices.jobs_short_of_threads(but=owner_id))
 
 
 def _failed_here(chunk: RenderChunk, slice_id: int) -> bool:

@@ -27,7 +27,7 @@ from portal.celery import send
 from sessions.gpus import holdings
 from sessions.gpus.holders import HolderKind
 from sessions.gpus.models import Slice
-from sessions.render import containers, jobs, progress, services, unpacking
+from sessions.render import containers, jobs, progress, services, slices, unpacking
 from sessions.render.models import RenderChunk, RenderFrame, RenderJob
 from sessions.runtime.docker import DockerRuntime
 
@@ -71,7 +71,7 @@ def recover_after_restart(runtime: DockerRuntime | None = None) -> dict[str, int
         for taken in services.held_by(job_id):
             holdings.end(taken.pk, None, "its render worker stopped")  # at its last proof of life
             counts["slices_released"] += 1
-        counts["workers_sent"] += services.dispatch(job_id)
+        counts["workers_sent"] += slices.dispatch(job_id)
     return counts
 
 
@@ -107,7 +107,7 @@ def reconcile(runtime: DockerRuntime | None = None) -> dict[str, int]:
     waiting = RenderJob.objects.filter(state__in=services.RUNNING, chunks__state=ChunkState.PENDING).distinct()
     for job_id in waiting.values_list("pk", flat=True):
         if _wants_workers(job_id):
-            counts["workers_sent"] += services.dispatch(job_id)
+            counts["workers_sent"] += slices.dispatch(job_id)
     return counts
 
 
@@ -219,5 +219,5 @@ def _put_back_lost_chunks(runtime: DockerRuntime) -> int:
             if chunk.slice_id is not None:  # its worker died: the slice's holding ends at its last proof of life
                 holdings.end(chunk.slice_id, None, "its render worker stopped")
             progress.announce(chunk.job)
-            services.dispatch(chunk.job_id)
+            slices.dispatch(chunk.job_id)
     return lost

@@ -1,12 +1,13 @@
-"""Render jobs from the estimate on: the probe, confirmation, the job's slices, cancel and re-queue. Only these
-functions, the slices' workers (``sessions.render.chunks``) and ``sessions.render.jobs`` (before the
-estimate) change a job.
+"""Render jobs from the estimate on: the probe, confirmation, cancel, a stop for a reason and re-queue. Only
+these functions, the job's slices (``sessions.render.slices``), the slices' workers (``sessions.render.chunks``)
+and ``sessions.render.jobs`` (before the estimate) change a job.
 
-A probe renders one frame at few samples on a small slice in the sandbox; its minutes are the only ones a
-job costs before its owner confirms. A confirmed job is cut into chunks; it holds up to ``max_slices``
-slices, and each slice's worker takes the next chunk that is waiting until none is left for it, then
-releases the slice at once. A slice's holding runs from its first container's start to its last one's end,
-as Docker recorded them: what the billing meter charges. Tasks call these; these enqueue tasks by name.
+A probe renders a few of the job's frames as the job will, on a slice of its offer, in the sandbox; its minutes
+are the only ones a job costs before its owner confirms, committing to what the estimate says the job comes to.
+A confirmed job is cut into chunks; it holds up to ``max_slices`` slices (``sessions.render.slices``), and each
+slice's worker takes the next chunk that is waiting until none is left for it, then releases the slice at once.
+A slice's holding runs from its first container's start to its last one's end, as Docker recorded them: what
+the billing meter charges. Tasks call these; these enqueue tasks by name.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from portal.celery import send, send_on_commit
 from portal.roles import can_launch, launch_refusal
 from sessions.gpus import catalog, holdings, workloads
 from sessions.gpus.allocator import AllocationRefused, SliceRequest, allocate
-from sessions.gpus.holders import Holder, HolderKind
+from sessions.gpus.holders import Holder
 from sessions.gpus.models import Slice
 from sessions.notebooks import pricing
 from sessions.render import containers, estimates, files, jobs, progress
@@ -422,65 +423,6 @@ def held_by(job_id: int) -> list[Slice]:
     return list(progress.slices_of(job_id).filter(released_at__isnull=True).order_by("pk"))
 
 
-def dispatch(job_id: int) -> int:
-    """Give a queued or rendering job up to ``max_slices`` slices while chunks wait, and a worker to each of
-    its slices that has none; returns how many workers were sent. No slice free: it waits (reconciliation
-    tries again). Under the job's row lock, so two dispatches at once (the confirm's task and reconciliation)
-    take turns and never give it more than ``max_slices``."""
-    with transaction.atomic():
-        job = RenderJob.objects.select_for_update().select_related("owner").get(pk=job_id)
-        if job.state not in RUNNING:
-            return 0
-        waiting = job.chunks.filter(state=ChunkState.PENDING).count()
-        held = held_by(job_id)
-        rendering = set(job.chunks.filter(state=ChunkState.RENDERING).values_list("slice_id", flat=True))
-        idle = [taken for taken in held if taken.pk not in rendering]
-        wanted = min(job.max_slices, len(held) - len(idle) + waiting)
-        room = share_of_threads(job.owner_id) - rendering_slices(job.owner_id)  # each slice takes a thread
-        for _ in range(max(0, min(wanted - len(held), room))):
-            try:
-                idle.append(allocate(job.owner, job.request, holder=Holder.render(job_id)))
-            except AllocationRefused as refused:
-                log.info("render job %s waits for a slice: %s", job_id, refused.reason)
-                break
-    for taken in idle:
-        send(WORK_ON_SLICE, job_id, taken.pk)
-    return len(idle)
-
-
-def share_of_threads(owner_id: int) -> int:
-    """A person's fair share of the render worker's threads (PORTAL_RENDER_CONCURRENCY): all of them while nobody
-    else renders, else an equal part, at least one each. A slice's worker holds a thread for as long as it has
-    chunks, so one person's long job would otherwise hold them all while everyone else's waited."""
-    people = set(RenderJob.objects.filter(state__in=RUNNING).values_list("owner_id", flat=True)) | {owner_id}
-    return max(1, settings.RENDER_THREADS // len(people))
-
-
-def rendering_slices(owner_id: int) -> int:
-    """The slices a person's queued and rendering jobs hold, each followed by one of the render worker's threads."""
-    jobs = RenderJob.objects.filter(owner_id=owner_id, state__in=RUNNING).values("pk")
-    held = Slice.objects.filter(owner_id=owner_id, holder_kind=HolderKind.RENDER, released_at__isnull=True)
-    return held.filter(holder_id__in=jobs).count()
-
-
-def jobs_short_of_threads(but: int) -> list[int]:
-    """Other people's queued or rendering jobs whose chunks wait while their owner holds less than their share."""
-    waiting = RenderJob.objects.filter(state__in=RUNNING, chunks__state=ChunkState.PENDING).exclude(owner_id=but)
-    found = waiting.distinct().order_by("queued_at", "pk").values_list("pk", "owner_id")
-    return [job_id for job_id, owner_id in found if rendering_slices(owner_id) < share_of_threads(owner_id)]
-
-
-def another_slice(job: RenderJob) -> Slice | None:
-    """A further slice of the job's offer for a chunk that failed on the one it holds; None where none is free
-    (the chunk is tried again where it failed). The caller releases the slice it failed on and carries on on
-    this one, so the job holds no more slices than before."""
-    try:
-        return allocate(job.owner, job.request, holder=Holder.render(job.pk))
-    except AllocationRefused as refused:
-        log.info("render job %s: no other slice for a retry (%s); it is tried where it failed", job.pk, refused.reason)
-        return None
-
-
 def stop_job(job: RenderJob) -> None:
     """The job ended: its waiting chunks never run, its running ones are stopped once this commits (their
     workers then release their slices)."""
@@ -551,30 +493,6 @@ def stop_for(job_id: int, reason: str) -> RenderJob:
             stop_job(job)
         progress.announce(job)
     return job
-
-
-def give_up_slice(job_id: int, slice_id: int, reason: str) -> None:
-    """One of the job's slices is taken back (a spot reclaim): the chunk rendering there waits again without
-    losing an attempt, and once this commits its container stops and the slice is released at the container's
-    end (handed to the launch waiting for it); the job goes on on its other slices, or on one taken afresh."""
-    with transaction.atomic():
-        job = locked(job_id)
-        taken = Slice.objects.filter(pk=slice_id, released_at__isnull=True).first()
-        if taken is None or taken.holder != Holder.render(job_id):
-            return
-        for chunk in job.chunks.select_for_update().filter(state=ChunkState.RENDERING, slice_id=slice_id):
-            chunk.state, chunk.attempts = ChunkState.PENDING, max(0, chunk.attempts - 1)
-            chunk.save(update_fields=["state", "attempts"])
-            job.frame_results.filter(number__in=chunk.frames, state=FrameState.RENDERING).update(
-                state=FrameState.PENDING
-            )
-        progress.announce(job)
-        transaction.on_commit(lambda: _stop_slice(slice_id, reason), robust=True)
-
-
-def _stop_slice(slice_id: int, reason: str) -> None:
-    runtime = DockerRuntime()
-    holdings.end(slice_id, containers.stop(runtime, runtime.containers_for("slice", str(slice_id))), reason)
 
 
 def _stop_probe(job_id: int) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from celery import shared_task
 from celery.app.task import Task
 
-from sessions.render import chunks, recovery, retention, services, unpacking, uploads
+from sessions.render import chunks, recovery, retention, services, slices, unpacking, uploads
 from sessions.render.jobs import remove_orphan_folders
 
 PROBE_RETRY_S = 30
@@ -48,7 +48,7 @@ def estimate_job(self: Task, job_id: int) -> str:
 
 @shared_task
 def dispatch_job(job_id: int) -> int:
-    return services.dispatch(job_id)
+    return slices.dispatch(job_id)
 
 
 @shared_task

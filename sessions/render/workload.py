@@ -9,7 +9,7 @@ from django.contrib.auth.models import User
 from sessions import access
 from sessions.gpus.holders import HolderKind
 from sessions.gpus.workloads import Reason
-from sessions.render import services
+from sessions.render import services, slices
 from sessions.render.models import RenderJob
 
 LIVE = (RenderJob.State.ESTIMATING, *services.RUNNING)
@@ -38,4 +38,4 @@ class RenderJobs:
 
     def give_up(self, holder_id: int, slice_id: int, reason: str) -> None:
         """A job holds several slices: it gives the one taken back up and goes on on the others."""
-        services.give_up_slice(holder_id, slice_id, f"render job gave it up: {reason}")
+        slices.give_up_slice(holder_id, slice_id, f"render job gave it up: {reason}")

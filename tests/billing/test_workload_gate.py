@@ -22,7 +22,7 @@ from sessions.gpus.allocator import AllocationRefused, allocate
 from sessions.gpus.holders import Holder
 from sessions.gpus.models import Slice
 from sessions.notebooks.models import NotebookImage, NotebookSession
-from sessions.render import estimates, services
+from sessions.render import estimates, services, slices
 from sessions.render.models import RenderChunk, RenderFrame, RenderJob
 from tests.billing.conftest import A100, Hold
 from tests.factories import one_frame_a_chunk, running_session
@@ -87,8 +87,8 @@ def test_no_slice_goes_to_any_workload_of_someone_whose_credit_ran_out(
     with pytest.raises(AllocationRefused) as refused:
         allocate(alice, job.request, holder=Holder.render(job.pk))
     assert refused.value.code == "credit" and "credit has run out" in refused.value.reason
-    assert services.dispatch(job.pk) == 0 and services.held_by(job.pk) == []
-    assert services.another_slice(job) is None
+    assert slices.dispatch(job.pk) == 0 and services.held_by(job.pk) == []
+    assert slices.another_slice(job) is None
     assert allocate(alice, A100).pk  # a slice for no workload (fleet tooling, benchmarks) is not billed
 
 

@@ -23,7 +23,7 @@ from sessions.gpus.allocator import allocate
 from sessions.gpus.backends import get_backend
 from sessions.gpus.holders import Holder
 from sessions.gpus.models import Slice
-from sessions.render import chunks, recovery, services
+from sessions.render import chunks, recovery, services, slices
 from sessions.render.models import RenderChunk, RenderJob
 from tests.factories import one_frame_a_chunk
 from tests.gpus.conftest import use_fleet
@@ -55,7 +55,7 @@ def test_two_dispatches_at_once_never_give_a_job_more_than_its_max_slices(
     def run() -> None:
         try:
             start.wait(30)
-            services.dispatch(job.pk)
+            slices.dispatch(job.pk)
         finally:
             connections.close_all()
 
@@ -120,9 +120,9 @@ def test_a_newcomer_gets_an_equal_share_of_the_render_threads_and_no_more(
     """Two render threads: alone, a person's job takes both; with a second person rendering, each gets one."""
     settings.RENDER_THREADS = 2
     first = queued_job(alice, chunks=6, max_slices=4)
-    assert services.dispatch(first.pk) == 2  # all the threads there are, not its four slices
+    assert slices.dispatch(first.pk) == 2  # all the threads there are, not its four slices
     second = queued_job(bob, chunks=3, max_slices=4)
-    assert services.dispatch(second.pk) == 1
+    assert slices.dispatch(second.pk) == 1
     assert (len(services.held_by(first.pk)), len(services.held_by(second.pk))) == (2, 1)
 
 
@@ -135,7 +135,7 @@ def test_a_long_job_yields_a_render_thread_to_another_person_s_job_between_its_c
     job is given them; the long job goes on on its other slice."""
     settings.RENDER_THREADS = 2
     long = queued_job(alice, chunks=6, max_slices=2)
-    services.dispatch(long.pk)
+    slices.dispatch(long.pk)
     first, second = services.held_by(long.pk)
     waiting = queued_job(bob, chunks=2, max_slices=2)
     assert chunks._claim(waiting.pk, first.pk) is None  # not its slice
