@@ -56,3 +56,29 @@ def test_a_persons_use_is_the_sum_of_their_own_things_only(alice: User, bob: Use
     assert [item.key for item in found.items] == ["1", "vol-a"], "largest first"
     usage.forget(Kind.WORK_VOLUME, "vol-a")
     assert usage.used_by(alice.pk) == 5_000 and usage.used_by(bob.pk) == 9_000
+
+
+def test_an_administrator_sets_a_groups_and_a_persons_quota_in_the_admin(alice: User, settings) -> None:  # type: ignore[no-untyped-def]
+    from django.test import Client
+
+    from portal.roles import OPERATORS, USERS
+    from tests.factories import make_user
+
+    settings.STORAGE_QUOTA_BYTES = 50 * GIB
+    lab = Group.objects.create(name="lab")
+    alice.groups.add(lab)
+    admin = Client()
+    admin.force_login(make_user("root", [USERS, OPERATORS], is_staff=True, is_superuser=True))
+
+    added = admin.post("/admin/gpu_sessions/groupstoragequota/add/", {"group": lab.pk, "gib": "2.5"})
+    assert added.status_code == 302, added.content.decode()[-2000:]
+    assert usage.limit_of(alice) == int(2.5 * GIB)
+    added = admin.post("/admin/gpu_sessions/storagequota/add/", {"user": alice.pk, "gib": "0.75"})
+    assert added.status_code == 302
+    assert usage.limit_of(alice) == int(0.75 * GIB)
+    refused = admin.post("/admin/gpu_sessions/storagequota/add/", {"user": alice.pk, "gib": "0"})
+    assert refused.status_code == 200 and "Ensure this value is greater than or equal to 0.001" in refused.content.decode()
+
+    usage.record(alice.pk, Kind.WORK_VOLUME, "vol-a", label="work/", size=3_000)
+    listed = admin.get("/admin/gpu_sessions/storageuse/").content.decode()
+    assert "work/" in listed and admin.get("/admin/gpu_sessions/storageuse/add/").status_code == 403
