@@ -6,7 +6,7 @@ import argparse
 import importlib
 import sys
 
-BENCHMARKS = ["dashboard", "allocator", "spawn", "metrics", "billing", "render"]
+BENCHMARKS = ["dashboard", "allocator", "spawn", "metrics", "billing", "render", "estimate"]
 
 
 def main(argv: list[str]) -> int:

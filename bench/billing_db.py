@@ -29,6 +29,7 @@ django.setup()
 from django.contrib.auth.models import User  # noqa: E402
 from django.core.management import call_command  # noqa: E402
 from django.db import connection, transaction  # noqa: E402
+from django.db.models.functions import Now  # noqa: E402
 from django.test.utils import CaptureQueriesContext  # noqa: E402
 
 from billing import meter, rollup, seeds  # noqa: E402
@@ -45,14 +46,14 @@ BACKLOG, LASTED = 30, 30
 HOLD = f"""
 INSERT INTO {SLICE} (gpu_id, instance_id, kind, profile, placement_start, placement_size, compute_slices,
                      memory_gib, device_uuid, owner_id, holder_kind, holder_id, held_from, held_until,
-                     allocated_at, released_at, release_reason, metered)
+                     seen_at, allocated_at, released_at, release_reason, metered, shares)
 SELECT g.id, NULL, g.kind, g.profile, NULL, NULL, 1, 18, 'bench-' || n, p.ids[1 + n %% {PEOPLE}],
-       'notebook', n, s.held_from, s.held_until, s.held_from, s.held_until,
-       CASE WHEN %(ended)s THEN 'ended' ELSE '' END, false
+       'notebook', n, s.held_from, s.held_until, CASE WHEN %(ended)s THEN s.held_until ELSE now() END,
+       s.held_from, s.held_until, CASE WHEN %(ended)s THEN 'ended' ELSE '' END, false, g.shares
 FROM generate_series(%(first)s, %(last)s) AS n
 CROSS JOIN (SELECT array_agg(id ORDER BY id) AS ids FROM auth_user WHERE username LIKE 'tenant%%') p
 CROSS JOIN LATERAL (
-    SELECT gpu.id, CASE gpu.sharing WHEN 'mig' THEN 'mig' ELSE 'shared' END AS kind,
+    SELECT gpu.id, CASE gpu.sharing WHEN 'mig' THEN 'mig' ELSE 'shared' END AS kind, gpu.share_limit AS shares,
            CASE gpu.sharing WHEN 'mig' THEN (ARRAY['1g.18gb', '2g.35gb', '3g.71gb'])[1 + n %% 3] ELSE '' END AS profile
     FROM {Gpu._meta.db_table} gpu WHERE gpu.id = (%(gpus)s::bigint[])[1 + n %% %(gpu_count)s]
 ) g
@@ -156,8 +157,9 @@ def minute_passes() -> None:
         elapsed, billed = cursor.fetchone()
     step = timedelta(seconds=billed * 60 + 30 - float(elapsed))
     with transaction.atomic():
+        # The containers ran all along: reconciliation's look (every 20 s) is their proof of life.
         Slice.objects.filter(held_from__isnull=False, held_until__isnull=True).update(
-            held_from=django.db.models.F("held_from") - step
+            held_from=django.db.models.F("held_from") - step, seen_at=Now()
         )
         Usage.objects.filter(open=True).update(started=django.db.models.F("started") - step)
     vacuum()
@@ -190,7 +192,7 @@ def naive(size: int) -> dict[str, float]:
     charged = 0
     for usage in Usage.objects.filter(open=True).order_by("id"):
         with transaction.atomic():
-            upto = meter.minutes_due(usage.started, usage.ended, now)
+            upto = meter.minutes_due(usage.started, usage.ended, now, now)  # seen running now (minute_passes)
             if upto <= usage.billed_minutes:
                 continue
             posted = LedgerTransaction.objects.create(kind="usage", user_id=usage.owner_id, memo="per-minute charges")

@@ -24,6 +24,7 @@ containers and its folder go when it ends, on failure too. Logs: artifacts/logs/
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import json
 import os
@@ -35,6 +36,7 @@ import sys
 import tempfile
 import time
 import urllib.parse
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -283,12 +285,16 @@ def report(args: argparse.Namespace, runs: dict[str, Any]) -> Result:
     )
 
 
-def run(args: argparse.Namespace) -> Result:
+@contextlib.contextmanager
+def render_portal(name: str) -> Iterator[tuple[dict[str, str], Workers, Path]]:
+    """A portal of this run's own for render jobs: its database (migrated, the fleet synced), data folder,
+    queues and container label, a default-queue and a render-queue Celery worker; all of it gone after,
+    on failure too. Yields the environment its children run with, the workers and a scratch folder."""
     run_checked([str(ROOT / "compose/bin/build-render-image")], "compose/bin/build-render-image", timeout=1500)
     run_id = secrets.token_hex(4)
-    tmp = Path(tempfile.mkdtemp(prefix="bench-render-", dir="/tmp"))
+    tmp = Path(tempfile.mkdtemp(prefix=f"bench-{name}-", dir="/tmp"))
     tmp.chmod(0o755)
-    queue = f"bench-render-{run_id}"
+    queue = f"bench-{name}-{run_id}"
     env = dict(
         os.environ,
         PORTAL_DATA_DIR=str(tmp / "data"),
@@ -296,6 +302,7 @@ def run(args: argparse.Namespace) -> Result:
         REDIS_URL=os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/9"),
         PORTAL_CELERY_QUEUE=queue,
         PORTAL_RENDER_QUEUE=f"{queue}-render",
+        PORTAL_ESTIMATE_QUEUE=f"{queue}-estimate",
         PORTAL_CACHE_PREFIX=queue,
         PORTAL_CHANNEL_PREFIX=queue,
         PORTAL_INSTANCE_ID=queue,  # the label on the portal's containers
@@ -313,7 +320,8 @@ def run(args: argparse.Namespace) -> Result:
             run_checked([str(BIN / "python"), "manage.py", *step], f"manage.py {step[0]}", cwd=ROOT, env=env)
         workers.start("worker", queue)
         workers.start("render", f"{queue}-render")
-        runs = measure(args, env, tmp, workers)
+        workers.start("estimate", f"{queue}-estimate")
+        yield env, workers, tmp
     finally:
         workers.stop()
         left = run_checked([DOCKER, "ps", "-aq", "--filter", f"label=gpu-portal.instance={queue}"], "docker ps")
@@ -321,6 +329,11 @@ def run(args: argparse.Namespace) -> Result:
             run_checked([DOCKER, "rm", "-f", *left.stdout.split()], "docker rm")
         drop_database(env)
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def run(args: argparse.Namespace) -> Result:
+    with render_portal("render") as (env, workers, tmp):
+        runs = measure(args, env, tmp, workers)
     result = report(args, runs)
     result.write()
     return result

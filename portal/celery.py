@@ -45,13 +45,10 @@ app.autodiscover_tasks(task_packages)
 
 # Render jobs' own queue: a chunk holds its worker thread for as long as Blender renders, so these go to a
 # worker of their own (the supervisor's `render` program), never in front of the billing tick or a launch.
-RENDER_TASKS = frozenset(
-    {
-        "sessions.render.tasks.estimate_job",
-        "sessions.render.tasks.work_on_slice",
-        "sessions.render.tasks.recover_render_work",
-    }
-)
+RENDER_TASKS = frozenset({"sessions.render.tasks.work_on_slice", "sessions.render.tasks.recover_render_work"})
+# The estimate's probe has a lane of its own (the supervisor's `estimate` program): an upload is estimated
+# while one person's long job holds every render thread.
+ESTIMATE_TASKS = frozenset({"sessions.render.tasks.estimate_job", "sessions.render.tasks.recover_estimates"})
 
 
 def render_queue() -> str:
@@ -59,8 +56,16 @@ def render_queue() -> str:
     return str(settings.RENDER_QUEUE or f"{settings.CELERY_TASK_DEFAULT_QUEUE}-render")
 
 
+def estimate_queue() -> str:
+    """PORTAL_ESTIMATE_QUEUE, else the default queue's name with ``-estimate``."""
+    return str(settings.ESTIMATE_QUEUE or f"{settings.CELERY_TASK_DEFAULT_QUEUE}-estimate")
+
+
 def route(name: str, args: Any, kwargs: Any, options: Any, task: Any = None, **extra: Any) -> dict[str, str] | None:
-    """Celery's router: render work to the render queue, everything else to the default one."""
+    """Celery's router: the probe to the estimate queue, render work to the render queue, everything else to
+    the default one."""
+    if name in ESTIMATE_TASKS:
+        return {"queue": estimate_queue()}
     return {"queue": render_queue()} if name in RENDER_TASKS else None
 
 
@@ -143,7 +148,10 @@ def announce_worker(**kwargs: Any) -> None:
 
 @worker_ready.connect
 def recover_render_work(sender: Any = None, **kwargs: Any) -> None:
-    """The render worker, at start: chunks it was rendering when it stopped are found and put back."""
+    """The render worker, at start: chunks it was rendering when it stopped are found and put back; the
+    estimate worker: the probes it was running are started again."""
     queues = {queue.name for queue in getattr(getattr(sender, "task_consumer", None), "queues", ())}
     if render_queue() in queues:
         app.send_task("sessions.render.tasks.recover_render_work")
+    if estimate_queue() in queues:
+        app.send_task("sessions.render.tasks.recover_estimates")

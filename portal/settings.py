@@ -7,6 +7,7 @@ default. A bad value stops start-up with a message that names the variable.
 
 from __future__ import annotations
 
+import os
 import re
 import secrets
 import socket
@@ -232,6 +233,12 @@ CELERY_TASK_ALWAYS_EAGER = False
 # Render jobs' own queue (portal/celery.py routes the probe and the slices' workers there); empty: the
 # default queue's name plus "-render", so a test run's or a second portal's queues stay apart.
 RENDER_QUEUE = env.text("PORTAL_RENDER_QUEUE", "")
+# Threads of the render worker (make run's supervisor starts it with as many): each follows one slice's chunks,
+# and every person rendering gets an equal share of them (sessions/render/services.py, share_of_threads).
+RENDER_THREADS = env.integer("PORTAL_RENDER_CONCURRENCY", os.cpu_count() or 1, minimum=1)
+# Estimates' own queue (the probe), read by a worker of its own, so an upload is estimated while renders hold
+# every render thread; empty: the default queue's name plus "-estimate".
+ESTIMATE_QUEUE = env.text("PORTAL_ESTIMATE_QUEUE", "")
 
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
@@ -441,6 +448,9 @@ SPOT_GRACE_SECONDS = env.integer("PORTAL_SPOT_GRACE_SECONDS", 120, minimum=0)
 RENDER_CHUNK_ATTEMPTS = env.integer("PORTAL_RENDER_CHUNK_ATTEMPTS", 3, minimum=1)
 RENDER_CHUNK_WALL_SECONDS = env.integer("PORTAL_RENDER_CHUNK_WALL_SECONDS", 3600, minimum=10)
 RENDER_PROBE_WALL_SECONDS = env.integer("PORTAL_RENDER_PROBE_WALL_SECONDS", 600, minimum=10)
+# The estimate's probe renders a few of the job's frames as the job will; this bounds their sampling in all
+# (shared among them, each frame stopped at its share, its samples left projected at the pace of those taken).
+RENDER_PROBE_SAMPLING_SECONDS = env.integer("PORTAL_RENDER_PROBE_SAMPLING_SECONDS", 30, minimum=1)
 RENDER_THUMBNAIL_PIXELS = env.integer("PORTAL_RENDER_THUMBNAIL_PIXELS", 320, minimum=16)
 # The widest or tallest frame a job may render, in pixels (the scene's resolution at the job's percentage):
 # a scene past it fails its estimate, and no frame larger is ever decoded for a thumbnail.

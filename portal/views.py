@@ -31,6 +31,7 @@ def healthz(request: HttpRequest) -> HttpResponse:
 @login_required
 def dashboard(request: PortalRequest) -> HttpResponse:
     from sessions.notebooks.models import NotebookSession
+    from sessions.render.models import RenderJob
 
     active = NotebookSession.objects.filter(owner_id=request.user.pk, state__in=NotebookSession.ACTIVE)
     mine = list(active.values_list("state", "warning"))
@@ -38,6 +39,8 @@ def dashboard(request: PortalRequest) -> HttpResponse:
         "heartbeats": _heartbeats(request),
         "running_sessions": sum(state == NotebookSession.State.RUNNING for state, _ in mine),
         "session_warnings": [warning for _, warning in mine if warning],
+        # Counted when the card is rendered (the template calls it), not for the partials htmx asks for.
+        "running_render_jobs": RenderJob.objects.filter(owner_id=request.user.pk, state__in=RenderJob.RUNNING).count,
     }
     if request.htmx and request.htmx.target in {"workers", "session-warnings"}:
         part = "workers" if request.htmx.target == "workers" else "warnings"

@@ -320,3 +320,16 @@ def notebook_image(db: None, settings) -> NotebookImage:  # type: ignore[no-unty
         name="JupyterLab", defaults={"image": "gpu-portal/notebook:latest", "default": True}
     )
     return image
+
+
+@pytest.fixture
+def quiet_render_queue(settings, tmp_path: Path) -> Iterator[str]:  # type: ignore[no-untyped-def]
+    """Render work goes to a queue nobody reads here (emptied at the end), and jobs' folders to the test's own:
+    for tests of what the database alone decides about render jobs."""
+    from portal.celery import app
+
+    settings.RENDER_DIR = tmp_path / "render"
+    settings.RENDER_QUEUE = f"quiet-{uuid.uuid4().hex[:8]}"
+    yield settings.RENDER_QUEUE
+    with app.connection_for_write() as connection:
+        connection.default_channel.queue_purge(settings.RENDER_QUEUE)

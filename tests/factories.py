@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import secrets
 from datetime import datetime
 from typing import TYPE_CHECKING
 
@@ -11,6 +12,7 @@ from django.contrib.auth.models import Group, User
 if TYPE_CHECKING:
     from sessions.gpus.allocator import SliceRequest
     from sessions.notebooks.models import NotebookImage, NotebookSession
+    from sessions.render.models import RenderJob
 
 PASSWORD = "correct horse battery staple"
 
@@ -86,3 +88,29 @@ def session_minute(session: NotebookSession, minute: datetime, util: float, **fi
         util_max=util,
         **figures,
     )
+
+
+def one_frame_a_chunk(owner: User, state: str, frames: int, max_slices: int, queued: bool = True) -> RenderJob:
+    """A render job's rows on whole A100s, a chunk for each of its ``frames`` frames (and, once ``queued``, the
+    frames' and chunks' rows confirmation writes); no scene: for tests of what the database alone decides."""
+    from sessions.render.models import RenderChunk, RenderFrame, RenderJob
+
+    numbers = list(range(1, frames + 1))
+    job = RenderJob.objects.create(
+        owner=owner,
+        state=state,
+        upload_name="shot.blend",
+        folder=f"t{owner.pk}/{secrets.token_hex(8)}",
+        main_file="scene.blend",
+        frame_spec=f"1-{frames}",
+        frames=numbers,
+        frame_count=frames,
+        chunk_size=1,
+        max_slices=max_slices,
+        gpu_kind="whole",
+        gpu_model="A100-SXM4-80GB",
+    )
+    if queued:
+        RenderFrame.objects.bulk_create([RenderFrame(job=job, number=n) for n in numbers])
+        RenderChunk.objects.bulk_create([RenderChunk(job=job, index=n - 1, frames=[n]) for n in numbers])
+    return job

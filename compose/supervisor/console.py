@@ -1,7 +1,10 @@
-"""Follow the programs' log files under supervisord and print each new line as ``name | line``.
+"""Follow the programs' log files under supervisord and print each new line as ``name | line``; say the
+portal's address once it answers.
 
 supervisord writes each program's output to <data dir>/logs/<name>.log; this keeps the live view a
-terminal had before. A file that is rotated or truncated is read again from its start.
+terminal had before. A file that is rotated or truncated is read again from its start. The address
+(http://127.0.0.1:$PORTAL_PORT/) is printed once its /healthz answers 200 through the proxy: printed
+before, the first person to open it met the proxy's 503 while daphne was still starting.
 Usage: console.py LOG_DIR NAME [NAME ...]
 """
 
@@ -12,6 +15,8 @@ import os
 import signal
 import sys
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 from typing import BinaryIO
 
@@ -61,15 +66,44 @@ def terminal() -> BinaryIO:
         return sys.stdout.buffer
 
 
+class Address:
+    """The portal's public address, said once it answers (checked at most every half second until then)."""
+
+    def __init__(self, port: str) -> None:
+        self.url = f"http://127.0.0.1:{port}/"
+        self.said = False
+        self.checked = 0.0
+
+    def answers(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"{self.url}healthz", timeout=1) as answer:  # noqa: S310 (our own address)
+                return bool(answer.status == 200)
+        except (OSError, urllib.error.URLError):
+            return False
+
+    def words(self) -> bytes | None:
+        """The lines to print now: the address once it first answers, else nothing."""
+        if self.said or time.monotonic() - self.checked < 0.5:
+            return None
+        self.checked = time.monotonic()
+        if not self.answers():
+            return None
+        self.said = True
+        return f"\n  GPU portal: open {self.url}  (Ctrl-C stops every process)\n\n".encode()
+
+
 def main(log_dir: str, names: list[str]) -> None:
     width = max(len(name) for name in names)
     followers = [Follower(Path(log_dir) / f"{name}.log", name.ljust(width)) for name in names]
+    address = Address(os.environ.get("PORTAL_PORT", "8000"))
     out = terminal()
     while True:
         try:
             for follower in followers:
                 for line in follower.new_lines():
                     out.write(follower.label.encode() + b" | " + line.rstrip(b"\r") + b"\n")
+            if said := address.words():
+                out.write(said)
             out.flush()
         except BrokenPipeError:
             # Whoever read the console is gone (a pipe whose reader was stopped with Ctrl-C): the person

@@ -26,7 +26,7 @@ from django.utils import timezone
 from sessions.gpus import holdings
 from sessions.gpus.holders import Holder
 from sessions.gpus.models import Slice
-from sessions.render import containers, files, progress, storage, thumbnails
+from sessions.render import containers, files, progress, services, storage, thumbnails
 from sessions.render.models import RenderChunk, RenderFrame, RenderJob
 from sessions.render.services import (
     RUNNING,
@@ -72,6 +72,7 @@ class Outcome:
 
 
 BUSY = "busy"  # another worker renders on this slice now: leave it to that one
+YIELD = "yield"  # its owner holds more than their share of the render threads while someone else's job waits
 
 
 @dataclass(frozen=True)
@@ -91,6 +92,11 @@ def work_on_slice(job_id: int, slice_id: int) -> int:
     while True:
         claim = _claim(job_id, slice_id)
         if claim == BUSY:
+            return ran
+        if claim == YIELD:
+            _let_go(job_id, slice_id, last_end, "its thread went to another person's render job")
+            for waiting in services.jobs_short_of_threads(but=RenderJob.objects.get(pk=job_id).owner_id):
+                services.dispatch(waiting)
             return ran
         if isinstance(claim, Moved):
             _let_go(job_id, slice_id, last_end, "render chunk retried on another slice")
@@ -130,6 +136,8 @@ def _claim(job_id: int, slice_id: int) -> Claim | Moved | str | None:
         chunk = waiting.first()
         if chunk is None:
             return None
+        if _more_than_its_share(job.owner_id):
+            return YIELD
         if _failed_here(chunk, slice_id) and (other := another_slice(job)) is not None:
             return Moved(other.pk)
         chunk.state, chunk.slice, chunk.attempts = ChunkState.RENDERING, taken, chunk.attempts + 1
@@ -142,6 +150,13 @@ def _claim(job_id: int, slice_id: int) -> Claim | Moved | str | None:
             job.save(update_fields=job.move(State.RENDERING))
         progress.announce(job)
         return Claim(job, chunk, taken)
+
+
+def _more_than_its_share(owner_id: int) -> bool:
+    """Its owner holds more render threads than their share and someone else's job waits for one: this slice's
+    worker lets it go between chunks (the job goes on on its other slices)."""
+    held = services.rendering_slices(owner_id)
+    return held > services.share_of_threads(owner_id) and bool(services.jobs_short_of_threads(but=owner_id))
 
 
 def _failed_here(chunk: RenderChunk, slice_id: int) -> bool:

@@ -56,6 +56,8 @@ class RenderJob(models.Model):
     ENDED = (State.DONE, State.FAILED, State.CANCELLED)
     # Before it is queued nothing of it runs on a slice: cancelling only removes its files.
     BEFORE_QUEUE = (State.UNPACKING, State.UPLOADED, State.VALIDATED, State.AWAITING_CONFIRMATION)
+    # Confirmed and not ended: its chunks wait for or hold slices.
+    RUNNING = (State.QUEUED, State.RENDERING)
 
     owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="render_jobs")
     state = models.CharField(max_length=24, choices=State.choices, default=State.UNPACKING)

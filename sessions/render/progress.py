@@ -91,6 +91,21 @@ def seconds_per_frame(job: RenderJob) -> float | None:
     return round(sum(spans) / len(spans), 2) if spans else None
 
 
+def duration(seconds: float | None) -> str:
+    """A time as the job's page shows it, loaded or live (the socket carries these words): under ten seconds to
+    the hundredth (frames often take less than one: never "0 s"), then whole seconds, minutes, hours."""
+    if seconds is None:
+        return "—"
+    if seconds < 10:
+        return f"{seconds:.2f}".rstrip("0").rstrip(".") + " s"
+    whole = round(seconds)
+    if whole < 60:
+        return f"{whole} s"
+    if whole < 3600:
+        return f"{whole // 60} min {whole % 60} s"
+    return f"{whole // 3600} h {whole % 3600 // 60} min"
+
+
 def percent_of(done: int, total: int) -> int:
     """Frames done as a whole percentage, rounded down: 100 only once every frame is done."""
     return math.floor(100 * done / total) if total else 0
@@ -166,6 +181,8 @@ def snapshot(job: RenderJob) -> dict[str, Any]:
         "percent": percent_of(done, total),
         "seconds_per_frame": per_frame,
         "eta_seconds": eta,
+        "per_frame_shown": duration(per_frame),
+        "eta_shown": duration(eta),
         "cost": shown(cost_so_far(job)),
         "thumbnail": thumbnail_url(job.pk, latest.number) if latest and job.files_removed_at is None else "",
         "latest_frame": latest.number if latest else None,

@@ -1,14 +1,15 @@
-"""Render work after a crash: the render worker's restart, and reconciliation every half minute.
+"""Render work after a crash: the render and estimate workers' restarts, and reconciliation every half minute.
 
 At its start the render worker finds the chunks it was rendering (their workers died with it): their
 containers are stopped and the chunks wait again, without losing an attempt; the slices those workers held
 are released, each holding ending at its last proof of life (the last line its worker read), so nobody pays
-for the time a dead worker held them, and each job is given slices and workers again. Reconciliation frees
-what a crashed job left: slices a finished (or vanished) job still holds, containers of jobs that ended,
-chunks whose container is gone (their slice released at its last proof of life); seeks slices for jobs that
-wait, releases slices nobody has worked on for a while (their worker died between chunks) and sends workers
-to slices never started; and sends the estimate, or the unpacking of an upload, again where its task was lost
-(a broker that did not answer the upload, a worker that died).
+for the time a dead worker held them, and each job is given slices and workers again. The estimate worker,
+at its start, sends the probes it was running again (their slices released at their last proof of life).
+Reconciliation frees what a crashed job left: slices a finished (or vanished) job still holds, containers of
+jobs that ended, chunks whose container is gone (their slice released at its last proof of life); seeks slices
+for jobs that wait, releases slices nobody has worked on for a while (their worker died between chunks) and
+sends workers to slices never started; and sends the estimate, or the unpacking of an upload, again where its
+task was lost (a broker that did not answer the upload, a worker that died).
 As with notebooks (sessions/notebooks/reconcile.py), safe to run at any time.
 """
 
@@ -57,24 +58,32 @@ def put_back(chunk_id: int, count_attempt: bool) -> bool:
 
 def recover_after_restart(runtime: DockerRuntime | None = None) -> dict[str, int]:
     """The render worker has just started, so none of its workers runs: every rendering chunk was cut off, and
-    every slice a render job holds was held by a worker that is gone.
-    (One render worker per portal: the supervisor's `render` program.)"""
+    every slice a queued or rendering job holds was held by a worker that is gone. (One render worker per
+    portal: the supervisor's `render` program.) Probes run elsewhere (``restart_probes``)."""
     runtime = runtime or DockerRuntime()
-    counts = {"chunks_put_back": 0, "probes_restarted": 0, "workers_sent": 0, "slices_released": 0}
+    counts = {"chunks_put_back": 0, "workers_sent": 0, "slices_released": 0}
     for chunk in RenderChunk.objects.filter(state=ChunkState.RENDERING):
         containers.stop(runtime, containers.of_chunk(runtime, chunk.pk))
         for container_id in containers.of_chunk(runtime, chunk.pk):
             runtime.remove(container_id)
         counts["chunks_put_back"] += int(put_back(chunk.pk, count_attempt=False))
-    for job in RenderJob.objects.filter(state=RenderJob.State.ESTIMATING):
-        _restart_probe(runtime, job.pk)
-        counts["probes_restarted"] += 1
     for job_id in RenderJob.objects.filter(state__in=services.RUNNING).values_list("pk", flat=True):
         for taken in services.held_by(job_id):
             holdings.end(taken.pk, None, "its render worker stopped")  # at its last proof of life
             counts["slices_released"] += 1
         counts["workers_sent"] += services.dispatch(job_id)
     return counts
+
+
+def restart_probes(runtime: DockerRuntime | None = None) -> dict[str, int]:
+    """The estimate worker has just started, so no probe runs: each job left estimating has what its probe
+    left stopped and released, and its probe sent again. (One estimate worker per portal: the supervisor's
+    `estimate` program.)"""
+    runtime = runtime or DockerRuntime()
+    jobs = list(RenderJob.objects.filter(state=RenderJob.State.ESTIMATING).values_list("pk", flat=True))
+    for job_id in jobs:
+        _restart_probe(runtime, job_id)
+    return {"probes_restarted": len(jobs)}
 
 
 def _restart_probe(runtime: DockerRuntime, job_id: int) -> None:

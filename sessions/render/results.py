@@ -1,6 +1,6 @@
 """A render job's results: its finished frames, found by job and number (never by a path from a request),
-and all of them as one ZIP written as it is sent, the frames stored as they are (PNG is compressed already),
-so the archive is never held in memory or on disk.
+a page of them at a time for its gallery, and all of them as one ZIP written as it is sent, the frames
+stored as they are (PNG is compressed already), so the archive is never held in memory or on disk.
 """
 
 from __future__ import annotations
@@ -12,6 +12,8 @@ from collections.abc import Iterator
 from pathlib import Path, PurePosixPath
 from typing import IO, BinaryIO, cast
 
+from django.core.paginator import Page, Paginator
+from django.db.models import QuerySet
 from django.http import Http404
 from django.utils import timezone
 
@@ -19,13 +21,24 @@ from sessions.render import files
 from sessions.render.models import RenderFrame, RenderJob
 
 BLOCK = 1 << 16
+GALLERY_FRAMES = 48  # thumbnails on one page of a job's gallery (a job may have thousands)
+
+
+def _done(job: RenderJob) -> QuerySet[RenderFrame]:
+    if job.files_removed_at is not None:
+        return RenderFrame.objects.none()
+    return job.frame_results.filter(state=RenderFrame.State.DONE).exclude(output_path="").order_by("number")
 
 
 def done_frames(job: RenderJob) -> list[RenderFrame]:
     """Its finished frames whose files are there: none once its files were removed."""
-    if job.files_removed_at is not None:
-        return []
-    return list(job.frame_results.filter(state=RenderFrame.State.DONE).exclude(output_path="").order_by("number"))
+    return list(_done(job))
+
+
+def gallery(job: RenderJob, number: str | None) -> Page[RenderFrame]:
+    """One page of its finished frames, in order; a page that is not a number is the first, one past the
+    end the last."""
+    return Paginator(_done(job), GALLERY_FRAMES).get_page(number)
 
 
 def frame_of(job: RenderJob, number: int) -> RenderFrame:

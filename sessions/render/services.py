@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import math
 from dataclasses import asdict, dataclass
 from datetime import datetime
 from decimal import Decimal
@@ -29,10 +28,10 @@ from portal.celery import send, send_on_commit
 from portal.roles import can_launch, launch_refusal
 from sessions.gpus import catalog, holdings, workloads
 from sessions.gpus.allocator import AllocationRefused, SliceRequest, allocate
-from sessions.gpus.holders import Holder
+from sessions.gpus.holders import Holder, HolderKind
 from sessions.gpus.models import Slice
 from sessions.notebooks import pricing
-from sessions.render import containers, files, jobs, progress
+from sessions.render import containers, estimates, files, jobs, progress
 from sessions.render.models import RenderChunk, RenderFrame, RenderJob
 from sessions.runtime import blender
 from sessions.runtime.blender import RenderSettings
@@ -47,7 +46,7 @@ FrameState = RenderFrame.State
 ESTIMATE_JOB = "sessions.render.tasks.estimate_job"
 DISPATCH_JOB = "sessions.render.tasks.dispatch_job"
 WORK_ON_SLICE = "sessions.render.tasks.work_on_slice"
-RUNNING = (State.QUEUED, State.RENDERING)
+RUNNING = RenderJob.RUNNING
 ESTIMATE_FILE = "estimate.json"
 FORMATS_KEY = "render:formats"  # what the last probe's Blender said it writes; the upload form offers those
 FORMATS_KEPT_S = 7 * 24 * 3600
@@ -65,19 +64,24 @@ class ProbeWaits(Exception):
 
 @dataclass(frozen=True)
 class Estimate:
-    """What the probe found: the scene's facts as Blender read them, and what the job would take and cost."""
+    """What the probe found: the scene's facts as Blender read them, and what the job would take and cost
+    (``sessions.render.estimates``): each chunk the per-run overhead plus its frames at the time per frame."""
 
     facts: dict[str, object]
     device: str
-    probe_samples: int
+    probe_samples: int | None  # the samples the probe rendered at (the job's; None: the scene's own)
     seconds_per_frame: float
-    overhead_s: float
+    overhead_s: float  # once per chunk: the container's and Blender's start, the file, the kernels
     frames: int
     chunks: int
     slices: int
     total_seconds: float
     cost: str
     why_cpu: str = ""  # why Cycles renders on the CPU (the GPU is simulated, the build lacks a backend ...)
+    probe_frames: tuple[int, ...] = ()  # the frames the probe rendered
+    projected_frames: tuple[int, ...] = ()  # those whose sampling the probe stopped: their time is projected
+    slowdown: float = 1.0  # the job's slices share the host's cores (Cycles on the CPU): each samples this much slower
+    minutes: int = 0  # the minutes billed: each started minute of each slice's holding
 
     @property
     def on_gpu(self) -> bool:
@@ -168,12 +172,14 @@ def _probe_slice(job: RenderJob) -> Slice | None:
 
 
 def _allocate_for_probe(job: RenderJob) -> Slice:
+    """A slice of the job's own offer, so the probe measures what the job's slices will render at; where
+    none is free, a smaller one of its kind (a slower slice: the estimate errs high)."""
     holder = Holder.render(job.pk)
     try:
-        return allocate(job.owner, probe_request(job), holder=holder)
+        return allocate(job.owner, job.request, holder=holder)
     except AllocationRefused:
         try:
-            return allocate(job.owner, job.request, holder=holder)
+            return allocate(job.owner, probe_request(job), holder=holder)
         except AllocationRefused as refused:
             raise ProbeWaits(refused.reason) from None
 
@@ -200,6 +206,7 @@ def estimate(job_id: int) -> RenderJob:
 
 def _probe(job: RenderJob, taken: Slice, watched: containers.Watched) -> Probe | Exception:
     output = job.folder_path() / PROBE
+    frames = estimates.probe_frames(list(job.frames))
     try:
         output.mkdir(mode=0o700, exist_ok=True)  # never its parents: a job cancelled meanwhile has no folder left
         return probe(
@@ -208,7 +215,8 @@ def _probe(job: RenderJob, taken: Slice, watched: containers.Watched) -> Probe |
             scene_of(job),
             output,
             render_settings(job, taken),
-            frame=job.frames[0],
+            frames=frames,
+            limit_s=settings.RENDER_PROBE_SAMPLING_SECONDS / max(1, len(frames)),
             wall_time_s=settings.RENDER_PROBE_WALL_SECONDS,
             output_limit=settings.RENDER_MAX_OUTPUT_BYTES,
         )
@@ -278,55 +286,43 @@ def _probe_failure(error: Exception) -> str:
     return f"The probe could not run: {error}"
 
 
-@dataclass(frozen=True)
-class Span:
-    """How rendering some frames of a job goes by its estimate: its chunks, the slices it holds at once, and how
-    long each slice renders (its chunks one after another)."""
-
-    chunks: int
-    slices: int
-    seconds: float
-
-
-def span(job: RenderJob, frames: int, per_frame: float, overhead_s: float) -> Span:
-    chunks = math.ceil(frames / max(1, job.chunk_size))
-    slices = max(1, min(job.max_slices, chunks))
-    per_chunk = job.chunk_size * per_frame + overhead_s
-    return Span(chunks, slices, math.ceil(chunks / slices) * per_chunk)
-
-
-def cost_of(job: RenderJob, spent: Span) -> Decimal | None:
-    """What a span costs at the offer's rate now: every slice, each of its started minutes; None without a price."""
-    rate = pricing.current().per_minute(job.request, job.market)
-    return None if rate is None else rate * spent.slices * max(1, math.ceil(spent.seconds / 60))
-
-
 def commitment(job: RenderJob, frames: int) -> Decimal | None:
-    """What rendering ``frames`` of the job comes to by its estimate (None without one, or without a price): what
-    its owner commits to by confirming it or queueing frames again."""
+    """What rendering ``frames`` of the job comes to by its estimate, at the offer's rate now (None without an
+    estimate or a price): each started minute of every slice it would hold, the estimate's own rule
+    (``sessions.render.estimates``). What its owner commits to by confirming it or queueing frames again."""
     found = estimate_of(job)
-    if found is None:
+    rate = pricing.current().per_minute(job.request, job.market)
+    if found is None or rate is None:
         return None
-    return cost_of(job, span(job, frames, found.seconds_per_frame, found.overhead_s))
+    planned = estimates.plan(frames, job.chunk_size, job.max_slices, found.seconds_per_frame, found.overhead_s)
+    return rate * planned.minutes
 
 
 def _write_estimate(job: RenderJob, found: Probe) -> None:
-    per_frame = found.seconds_at(job.samples)
-    spent = span(job, job.frame_count, per_frame, found.overhead_s)
-    chunks, slices, total = spent.chunks, spent.slices, spent.seconds
-    cost = cost_of(job, spent)
+    """The job's time and cost from what its probe measured (``sessions.render.estimates``)."""
+    device = found.result.device or "CPU"
+    at_once = estimates.slices_for(job.frame_count, job.chunk_size, job.max_slices)
+    shared = estimates.sharing(at_once, found.threads, found.host_cpus, on_cpu=device == "CPU")
+    per_frame = shared.frame(found.seconds_per_frame, found.sampling_per_frame)
+    overhead = found.overhead_s * shared.serial
+    planned = estimates.plan(job.frame_count, job.chunk_size, job.max_slices, per_frame, overhead)
+    rate = pricing.current().per_minute(job.request, job.market)
     estimate = Estimate(
         facts={**asdict(found.facts), "version": list(found.facts.version)},
-        device=found.result.device or "CPU",
-        probe_samples=found.samples,
+        device=device,
+        probe_samples=job.samples or found.facts.samples,
         seconds_per_frame=round(per_frame, 2),
-        overhead_s=round(found.overhead_s, 2),
+        overhead_s=round(overhead, 2),
         frames=job.frame_count,
-        chunks=chunks,
-        slices=slices,
-        total_seconds=round(total, 1),
-        cost=progress.shown(cost),
-        why_cpu=_why_cpu(found) if (found.result.device or "CPU") == "CPU" else "",
+        chunks=planned.chunks,
+        slices=planned.slices,
+        total_seconds=round(planned.total_seconds, 1),
+        cost=progress.shown(None if rate is None else rate * planned.minutes),
+        why_cpu=_why_cpu(found) if device == "CPU" else "",
+        probe_frames=found.frames,
+        projected_frames=found.stopped,
+        slowdown=round(shared.sampling, 2),
+        minutes=planned.minutes,
     )
     (job.folder_path() / ESTIMATE_FILE).write_text(json.dumps(asdict(estimate)))
 
@@ -342,8 +338,11 @@ def estimate_of(job: RenderJob) -> Estimate | None:
     """The job's estimate, once its probe has run."""
     path = job.folder_path() / ESTIMATE_FILE
     try:
-        return Estimate(**json.loads(path.read_text()))
-    except (OSError, ValueError, TypeError):
+        found = json.loads(path.read_text())
+        for frames in ("probe_frames", "projected_frames"):
+            found[frames] = tuple(found.get(frames, ()))
+        return Estimate(**found)
+    except (OSError, ValueError, TypeError, AttributeError):
         return None
 
 
@@ -437,7 +436,8 @@ def dispatch(job_id: int) -> int:
         rendering = set(job.chunks.filter(state=ChunkState.RENDERING).values_list("slice_id", flat=True))
         idle = [taken for taken in held if taken.pk not in rendering]
         wanted = min(job.max_slices, len(held) - len(idle) + waiting)
-        for _ in range(max(0, wanted - len(held))):
+        room = share_of_threads(job.owner_id) - rendering_slices(job.owner_id)  # each slice takes a thread
+        for _ in range(max(0, min(wanted - len(held), room))):
             try:
                 idle.append(allocate(job.owner, job.request, holder=Holder.render(job_id)))
             except AllocationRefused as refused:
@@ -446,6 +446,28 @@ def dispatch(job_id: int) -> int:
     for taken in idle:
         send(WORK_ON_SLICE, job_id, taken.pk)
     return len(idle)
+
+
+def share_of_threads(owner_id: int) -> int:
+    """A person's fair share of the render worker's threads (PORTAL_RENDER_CONCURRENCY): all of them while nobody
+    else renders, else an equal part, at least one each. A slice's worker holds a thread for as long as it has
+    chunks, so one person's long job would otherwise hold them all while everyone else's waited."""
+    people = set(RenderJob.objects.filter(state__in=RUNNING).values_list("owner_id", flat=True)) | {owner_id}
+    return max(1, settings.RENDER_THREADS // len(people))
+
+
+def rendering_slices(owner_id: int) -> int:
+    """The slices a person's queued and rendering jobs hold, each followed by one of the render worker's threads."""
+    jobs = RenderJob.objects.filter(owner_id=owner_id, state__in=RUNNING).values("pk")
+    held = Slice.objects.filter(owner_id=owner_id, holder_kind=HolderKind.RENDER, released_at__isnull=True)
+    return held.filter(holder_id__in=jobs).count()
+
+
+def jobs_short_of_threads(but: int) -> list[int]:
+    """Other people's queued or rendering jobs whose chunks wait while their owner holds less than their share."""
+    waiting = RenderJob.objects.filter(state__in=RUNNING, chunks__state=ChunkState.PENDING).exclude(owner_id=but)
+    found = waiting.distinct().order_by("queued_at", "pk").values_list("pk", "owner_id")
+    return [job_id for job_id, owner_id in found if rendering_slices(owner_id) < share_of_threads(owner_id)]
 
 
 def another_slice(job: RenderJob) -> Slice | None:

@@ -1,8 +1,8 @@
 """Celery tasks of render jobs: thin, idempotent, taking ids and calling the services.
 
-The probe and the slices' workers go to the render queue (portal/celery.py routes them), where a chunk may
-hold its worker thread for as long as Blender renders; dispatch and reconciliation are quick and stay on the
-default queue.
+The slices' workers go to the render queue (portal/celery.py routes them), where a chunk may hold its worker
+thread for as long as Blender renders; the probe goes to the estimate queue, a lane of its own, so an upload
+is estimated whatever renders; dispatch and reconciliation are quick and stay on the default queue.
 """
 
 from __future__ import annotations
@@ -60,6 +60,11 @@ def work_on_slice(job_id: int, slice_id: int) -> int:
 @shared_task
 def recover_render_work() -> dict[str, int]:
     return recovery.recover_after_restart()
+
+
+@shared_task
+def recover_estimates() -> dict[str, int]:
+    return recovery.restart_probes()
 
 
 @shared_task

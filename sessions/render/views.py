@@ -23,6 +23,8 @@ from django_htmx.http import HttpResponseClientRedirect, HttpResponseClientRefre
 from portal.http import PortalRequest
 from portal.roles import can_launch, is_operator, launch_refusal
 from sessions import access
+from sessions.gpus import workloads
+from sessions.gpus.holders import Holder
 from sessions.notebooks import pricing
 from sessions.notebooks.offers import offers
 from sessions.render import jobs, progress, results, retention, services, unpacking, uploads
@@ -36,6 +38,7 @@ PAGE = "sessions/render_job_list.html"
 DETAIL = "sessions/render_job_detail.html"
 LISTED = 50
 ESTIMATING = (RenderJob.State.VALIDATED, RenderJob.State.ESTIMATING)  # the page polls for the estimate
+GALLERY = "render-gallery"  # the job page's region of finished frames, a page at a time
 
 
 def _person(request: PortalRequest) -> User:
@@ -170,6 +173,9 @@ def job_detail(request: PortalRequest, job_id: int) -> HttpResponse:
 def _detail(
     request: PortalRequest, job: RenderJob, form: MainFileForm | None = None, status: int = 200
 ) -> HttpResponse:
+    gallery = results.gallery(job, request.GET.get("page"))
+    if request.htmx and request.htmx.target == GALLERY:  # a link of the gallery's pager: the gallery alone
+        return render(request, f"{DETAIL}#{GALLERY}", {"job": job, "gallery": gallery})
     mine = job.owner_id == request.user.pk
     context: dict[str, object] = {
         "job": job,
@@ -177,7 +183,7 @@ def _detail(
         "mine": mine,
         "estimate": services.estimate_of(job) if job.state == RenderJob.State.AWAITING_CONFIRMATION else None,
         "progress": progress.snapshot(job),
-        "frames": results.done_frames(job),
+        "gallery": gallery,
         "failed_chunks": list(job.chunks.filter(state=RenderChunk.State.FAILED).exclude(log_excerpt="")[:3]),
         "cancellable": not job.ended,
         "may_requeue": access.may(request.user, access.Action.REQUEUE, job) and job.files_removed_at is None,
@@ -241,8 +247,9 @@ def cancel(request: PortalRequest, job_id: int) -> HttpResponse:
     """Its owner, or an operator, cancels a job in any state before it ends; anyone else gets a 404."""
     job = access.render_job_for(request.user, job_id, access.Action.STOP)
     before_queue = job.state in (*RenderJob.BEFORE_QUEUE, RenderJob.State.ESTIMATING)  # its files go
+    assert isinstance(request.user, User)
     try:
-        services.cancel(job.pk)
+        workloads.stop(Holder.render(job.pk), workloads.Reason.USER, by=request.user)  # an operator's: STAFF
     except RenderJob.BadStep as refused:
         messages.error(request, str(refused))
         job.refresh_from_db()

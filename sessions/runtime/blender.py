@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import secrets
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import PurePosixPath
 
 BLENDER = "blender"
@@ -117,6 +117,12 @@ if options["render"]:
     if options["max_side"] and max(size) > options["max_side"]:
         say("too_large", size)
         raise RuntimeError("the frames would be %d x %d pixels: not rendered" % tuple(size))
+    if options["time_limit"]:
+        # The probe's bound on each frame's sampling; a scene's own lower limit stands (it binds the job too).
+        own = getattr(scene.cycles, "time_limit", 0.0)
+        if not own or options["time_limit"] < own:
+            scene.cycles.time_limit = options["time_limit"]
+            say("time_limit", options["time_limit"])
     if options["only_frame"] is not None:
         frame = scene.frame_start if options["only_frame"] < 0 else options["only_frame"]
         scene.frame_start = scene.frame_end = frame
@@ -227,7 +233,9 @@ def cycles_gpu(simulated: bool) -> tuple[str, ...]:
     return () if simulated else ("OPTIX", "CUDA")
 
 
-def _options(mark: str, *, render: RenderSettings | None = None, only_frame: int | None = None) -> str:
+def _options(
+    mark: str, *, render: RenderSettings | None = None, only_frame: int | None = None, time_limit: float = 0.0
+) -> str:
     return json.dumps(
         {
             "mark": mark,
@@ -236,6 +244,7 @@ def _options(mark: str, *, render: RenderSettings | None = None, only_frame: int
             "percentage": render.percentage if render else None,
             "gpu": list(render.gpu) if render else [],
             "only_frame": only_frame,
+            "time_limit": time_limit,
             "formats": list(FORMATS),
             "preview": render.preview_pixels if render and only_frame is None else 0,
             "max_side": render.max_side if render else 0,
@@ -270,9 +279,17 @@ def render_command(blend: str, frames: Sequence[int], settings: RenderSettings, 
     return [*_start(blend), *_output(settings.file_format, threads), *python, "-f", frame_argument(frames), *options]
 
 
-def probe_command(blend: str, settings: RenderSettings, mark: str, threads: int, frame: int | None = None) -> list[str]:
-    """Render one frame, the scene's first unless told (which one that is is known only once it is read)."""
-    if frame is not None:
-        frame_argument([frame])  # refuses a frame Blender cannot render
-    python, options = _python(_options(mark, render=settings, only_frame=-1 if frame is None else frame))
-    return [*_start(blend), *_output(settings.file_format, threads), *python, "-a", *options]
+def probe_command(
+    blend: str,
+    settings: RenderSettings,
+    mark: str,
+    threads: int,
+    frames: Sequence[int] | None = None,
+    time_limit: float = 0.0,
+) -> list[str]:
+    """Render a few frames as the job would, the scene's first unless told (which one that is is known only
+    once it is read), each frame's sampling stopped after ``time_limit`` seconds (0: never); no previews."""
+    quiet = replace(settings, preview_pixels=0)
+    which = ["-f", frame_argument(frames)] if frames else ["-a"]
+    python, options = _python(_options(mark, render=quiet, only_frame=None if frames else -1, time_limit=time_limit))
+    return [*_start(blend), *_output(settings.file_format, threads), *python, *which, *options]

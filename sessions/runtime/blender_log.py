@@ -32,6 +32,9 @@ _SKIPPED_TEXT = re.compile(r"^scripts disabled for \".*\", skipping '(?P<name>.*
 _SKIPPED_DRIVER = re.compile(r"^Error in PyDriver: expression failed: (?P<name>.*)$")
 CONTEXT_LINES = 3
 CLOCK = 0.01  # Blender prints times to the hundredth of a second
+# Cycles stops a frame's sampling at its time limit, give or take a sample: one that sampled this share of the
+# limit and stopped before its last sample was stopped by it.
+STOPPED_BY_LIMIT = 0.9
 EXCERPT_LINES = 20
 MOST_KEPT = 1000  # of each: errors, refused scripts, saved frames, frames timed, marked lines, excerpt lines
 LONGEST_KEPT = 2000  # characters of a line kept
@@ -92,22 +95,49 @@ Event = Progress | FrameSaved | BlenderError | Marked
 @dataclass
 class FrameTiming:
     """How long a frame took: until its first sample (scene sync, BVH, kernels), until it finished
-    sampling, and in all with saving, as Blender measured them (seconds)."""
+    sampling, and in all with saving, as Blender measured them (seconds); and the highest sample it said it
+    reached, of how many."""
 
     frame: int
     prepared: float | None = None
     rendered: float | None = None
     total: float | None = None
+    reached: int | None = None
+    samples: int | None = None
 
-    def at_samples(self, samples: int, measured_samples: int) -> float | None:
-        """This frame's time had it been sampled ``samples`` times: the preparation stays, the sampling
-        scales. Sampling faster than Blender's clock (10 ms) counts as 10 ms: the estimate errs high."""
+    @property
+    def sampling(self) -> float | None:
+        """Seconds from its first sample to its last (at least Blender's clock)."""
         if self.total is None:
             return None
         prepared = self.prepared if self.prepared is not None else 0.0
         rendered = self.rendered if self.rendered is not None else self.total
-        sampling = max(CLOCK, rendered - prepared)
-        return round(self.total + sampling * (samples / max(1, measured_samples) - 1), 3)
+        return max(CLOCK, rendered - prepared)
+
+    def stopped_by(self, limit_s: float | None) -> bool:
+        """Whether its sampling ran into a time limit of ``limit_s`` seconds before its last sample. A frame
+        that stopped early well within the limit converged (adaptive sampling): it took what it takes."""
+        sampling = self.sampling
+        if limit_s is None or sampling is None or not self.reached or not self.samples:
+            return False
+        return self.reached < self.samples and sampling >= STOPPED_BY_LIMIT * limit_s
+
+    def projected_sampling(self, limit_s: float | None) -> float | None:
+        """Its sampling had it not been stopped at ``limit_s`` seconds: as measured where it was not; else
+        its samples left at the pace of those it took (with adaptive sampling, the samples left would be
+        fewer and cheaper, so this errs high)."""
+        sampling = self.sampling
+        if sampling is None or not self.stopped_by(limit_s) or not self.reached or not self.samples:
+            return sampling
+        return round(sampling * self.samples / self.reached, 3)
+
+    def projected(self, limit_s: float | None) -> float | None:
+        """Its time had its sampling not been stopped at ``limit_s`` seconds (``projected_sampling``):
+        preparing and saving stay as they were."""
+        sampling, projected = self.sampling, self.projected_sampling(limit_s)
+        if self.total is None or sampling is None or projected is None:
+            return None
+        return round(self.total + projected - sampling, 3)
 
 
 @dataclass
@@ -187,8 +217,11 @@ class BlenderLog:
             status,
         )
         timing = self._timing(frame)
-        if progress.sample is not None and timing.prepared is None:
-            timing.prepared = elapsed
+        if progress.sample is not None:
+            if timing.prepared is None:
+                timing.prepared = elapsed
+            timing.reached = max(timing.reached or 0, progress.sample)
+            timing.samples = progress.samples
         if status == "Finished":
             timing.rendered = elapsed
         self.current = progress

@@ -35,7 +35,6 @@ RENDER_UID = 10000  # the image's `render` user (compose/images/render/Dockerfil
 TMP = "/tmp"  # noqa: S108 (the container's own: a small tmpfs, gone with it)
 TMP_SIZE = "512m"
 PURPOSE_LABEL = f"{LABEL_PREFIX}.render"  # what a render container does: facts, probe, frames
-PROBE_SAMPLES = 4
 
 OnLine = Callable[[str, Event | None], None]
 OnStart = Callable[[str], None]
@@ -372,31 +371,59 @@ def read_scene(runtime: DockerRuntime, spec: ContainerSpec, scene: Scene, *, wal
 
 @dataclass(frozen=True)
 class Probe:
-    """One frame rendered at few samples: the scene's facts and what a frame costs."""
+    """A few of the job's frames rendered as the job renders them (its samples, resolution, format), each
+    frame's sampling stopped after ``limit_s`` seconds: the scene's facts, what a frame costs, and what a
+    container run costs besides its frames."""
 
     facts: SceneFacts
     result: RenderResult
-    frame: int
-    samples: int
-    timing: FrameTiming
+    frames: tuple[int, ...]
+    timings: tuple[FrameTiming, ...]
+    limit_s: float | None  # the probe's bound on each frame's sampling; None where the scene's own, lower, stood
+    threads: int  # Cycles' threads in the probe's container (its slice's CPUs)
+    host_cpus: int
+
+    @property
+    def frame(self) -> int:
+        return self.frames[0]
+
+    @property
+    def frame_seconds(self) -> tuple[float, ...]:
+        """Each probed frame's time as Blender measured it (scene sync, sampling, saving), or, where the
+        probe's limit stopped its sampling, projected to every sample. Without Blender's own figure, the
+        whole run's time shared among its frames (it errs high)."""
+        projected = [timing.projected(self.limit_s) for timing in self.timings]
+        if any(seconds is None for seconds in projected):
+            return (self.result.exit.wall_s / len(self.frames),) * len(self.frames)
+        return tuple(max(CLOCK, seconds or 0.0) for seconds in projected)
 
     @property
     def seconds_per_frame(self) -> float:
-        """As Blender measured it, at the probe's samples (at least its clock's 10 ms)."""
-        if self.timing.total is None:
-            return self.result.exit.wall_s
-        return max(CLOCK, self.timing.total)
+        """The mean of the probed frames' times."""
+        return round(sum(self.frame_seconds) / len(self.frame_seconds), 3)
 
-    def seconds_at(self, samples: int | None) -> float:
-        """A frame's time at ``samples`` samples (None: the scene's own): the preparation stays, the
-        sampling scales."""
-        wanted = samples or self.facts.samples or self.samples
-        return self.timing.at_samples(wanted, self.samples) or self.seconds_per_frame * wanted / self.samples
+    @property
+    def sampling_per_frame(self) -> float:
+        """The part of ``seconds_per_frame`` Cycles spent sampling (spread over all its threads; the rest,
+        syncing the scene and saving, runs mostly on one)."""
+        sampling = [timing.projected_sampling(self.limit_s) for timing in self.timings]
+        if any(seconds is None for seconds in sampling):
+            return 0.0
+        return round(min(self.seconds_per_frame, sum(s or 0.0 for s in sampling) / len(sampling)), 3)
+
+    @property
+    def stopped(self) -> tuple[int, ...]:
+        """The frames whose sampling the probe's limit stopped (their time is projected, not measured)."""
+        return tuple(timing.frame for timing in self.timings if timing.stopped_by(self.limit_s))
 
     @property
     def overhead_s(self) -> float:
-        """What a container run costs beyond its frame: start, Blender's start, reading the file."""
-        return max(0.0, round(self.result.exit.wall_s - self.seconds_per_frame, 3))
+        """What a container run costs besides its frames, once per chunk: the container's start and end,
+        Blender's start, reading the file and the scene's facts, loading the render kernels."""
+        if any(timing.total is None for timing in self.timings):
+            return 0.0
+        measured = sum(timing.total or 0.0 for timing in self.timings)
+        return max(0.0, round(self.result.exit.wall_s - measured, 3))
 
 
 def probe(
@@ -406,17 +433,18 @@ def probe(
     output: Path,
     settings: RenderSettings,
     *,
-    frame: int | None = None,
-    samples: int = PROBE_SAMPLES,
+    frames: tuple[int, ...] | None = None,
+    limit_s: float = 0.0,
     wall_time_s: float = 300,
     output_limit: int | None = None,
 ) -> Probe:
-    """Read the scene and render one frame of it (its first unless told) at ``samples`` samples, with the
-    job's other settings; SceneUnreadable, with Blender's own words, if it cannot."""
+    """Read the scene and render ``frames`` of it (its first unless told) with the job's settings, each
+    frame's sampling stopped after ``limit_s`` seconds (0: never); SceneUnreadable, with Blender's own
+    words, if it cannot."""
     mark = blender.new_mark()
     log = BlenderLog(mark)
-    low = RenderSettings(samples, settings.percentage, settings.file_format, settings.gpu, max_side=settings.max_side)
-    command = blender.probe_command(scene.blend, low, mark, threads_for(spec, runtime), frame)
+    threads = threads_for(spec, runtime)
+    command = blender.probe_command(scene.blend, settings, mark, threads, frames, limit_s)
     ended = run_sandboxed(
         runtime,
         spec,
@@ -429,16 +457,20 @@ def probe(
         output_limit=output_limit,
     )
     facts = _facts(log, scene, ended, wall_time_s, memory_of(spec, runtime))
-    size = facts.size_at(low.percentage)
-    if low.max_side and max(size) > low.max_side:
-        raise SceneTooLarge(scene.name, size, low.percentage or facts.resolution_percentage, low.max_side)
-    rendered = facts.frame_start if frame is None else frame
-    saved = _saved_frames(log, output, (rendered,), low.file_format)
-    failure = _failure(ended, log, low, wall_time_s, memory_of(spec, runtime))
-    if failure is None and not saved:
-        failure = "the frame was not saved"
-    result = RenderResult(ended, (rendered,), saved, log, failure, _device(log))
+    size = facts.size_at(settings.percentage)
+    if settings.max_side and max(size) > settings.max_side:
+        raise SceneTooLarge(scene.name, size, settings.percentage or facts.resolution_percentage, settings.max_side)
+    rendered = frames or (facts.frame_start,)
+    saved = _saved_frames(log, output, rendered, settings.file_format)
+    failure = _failure(ended, log, settings, wall_time_s, memory_of(spec, runtime))
+    if failure is None and len(saved) < len(rendered):
+        failure = "the frame was not saved" if len(rendered) == 1 else "not every frame was saved"
+    result = RenderResult(ended, rendered, saved, log, failure, _device(log))
     if failure is not None:
-        words = f"The probe could not render frame {rendered} of {scene.name}: {_explained(failure, log)}"
-        raise SceneUnreadable(words, log.excerpt(), result.formats)
-    return Probe(facts, result, rendered, samples, log.timings.get(rendered, FrameTiming(rendered)))
+        which = ", ".join(str(frame) for frame in rendered)
+        words = f"The probe could not render frame{'s' if len(rendered) > 1 else ''} {which} of {scene.name}: "
+        raise SceneUnreadable(words + _explained(failure, log), log.excerpt(), result.formats)
+    timings = tuple(log.timings.get(frame, FrameTiming(frame)) for frame in rendered)
+    said = log.last("time_limit")  # our Python says so only where the probe's limit, not the scene's own, applied
+    applied = float(said.value) if said is not None and isinstance(said.value, int | float) else None
+    return Probe(facts, result, rendered, timings, applied, threads, runtime.host_cpus())

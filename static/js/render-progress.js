@@ -24,12 +24,6 @@
     }
   }
 
-  function duration(seconds) {
-    if (seconds === null || seconds === undefined) { return null; }
-    var whole = Math.round(seconds);
-    return whole < 60 ? whole + " s" : Math.floor(whole / 60) + " min " + (whole % 60) + " s";
-  }
-
   var badge = document.querySelector("[data-render-badge]");  // the job's state at the top of the page
 
   window.Portal.liveSocket(region.getAttribute("data-render-progress"), function (message) {
@@ -39,8 +33,9 @@
     put("frames_done", message.frames_done);
     put("frames_total", message.frames_total);
     put("percent", message.percent);
-    put("seconds_per_frame", duration(message.seconds_per_frame));
-    put("eta", duration(message.eta_seconds));
+    // Times come in words from the server (progress.duration), as the page shows them when it loads.
+    put("seconds_per_frame", message.per_frame_shown);
+    put("eta", message.eta_shown);
     put("cost", message.cost || null);
     put("thumbnail", message.thumbnail);
     if (message.device) { put("device", message.device); }

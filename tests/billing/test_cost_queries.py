@@ -28,7 +28,7 @@ SIZES = [2, 8]
 SESSION_CARDS_QUERIES = 10  # the cards alone, as they poll
 SESSION_PAGE_QUERIES = 19  # with the launch form: its offers (per GPU) and their prices (4, whatever the offers)
 BILLING_PAGE_QUERIES = 22
-DASHBOARD_QUERIES = 13
+DASHBOARD_QUERIES = 14  # with the count of the person's queued and rendering render jobs
 # The launch form's prices: the database's clock, the prices in force then, the time-sliced models' share
 # limits, the balance. The same for the 2 offers of a small fleet as for the 40-odd of every model.
 LAUNCH_PRICE_QUERIES = 4

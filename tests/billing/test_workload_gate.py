@@ -6,13 +6,9 @@ again); the zero-balance stop stops every kind of workload."""
 from __future__ import annotations
 
 import json
-import secrets
-import uuid
-from collections.abc import Iterator
 from dataclasses import asdict
 from datetime import timedelta
 from decimal import Decimal
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -20,61 +16,32 @@ from django.contrib.auth.models import User
 
 from billing import credit, ledger, meter
 from billing.models import CreditStop
-from portal.celery import app
 from portal.clock import database_now
 from sessions.gpus import holdings, workloads
 from sessions.gpus.allocator import AllocationRefused, allocate
 from sessions.gpus.holders import Holder
 from sessions.gpus.models import Slice
 from sessions.notebooks.models import NotebookImage, NotebookSession
-from sessions.render import services
+from sessions.render import estimates, services
 from sessions.render.models import RenderChunk, RenderFrame, RenderJob
 from tests.billing.conftest import A100, Hold
-from tests.factories import running_session
+from tests.factories import one_frame_a_chunk, running_session
 
 pytestmark = pytest.mark.django_db
 WHOLE = {"gpu_kind": "whole", "gpu_profile": "", "gpu_model": "A100-SXM4-80GB"}
 
 
-@pytest.fixture
-def quiet_render_queue(settings, tmp_path: Path) -> Iterator[str]:  # type: ignore[no-untyped-def]
-    """Render work goes to a queue nobody reads here, emptied at the end; jobs' folders to the test's own."""
-    settings.RENDER_DIR = tmp_path / "render"
-    settings.RENDER_QUEUE = f"gate-{uuid.uuid4().hex[:8]}"
-    yield settings.RENDER_QUEUE
-    with app.connection_for_write() as connection:
-        connection.default_channel.queue_purge(settings.RENDER_QUEUE)
-
-
 def a_job(owner: User, state: str, frames: int = 500, max_slices: int = 4, estimate_s: float = 600) -> RenderJob:
     """A job of ``frames`` frames, one a chunk, on whole A100s, with an estimate of ``estimate_s`` a frame."""
-    numbers = list(range(1, frames + 1))
-    job = RenderJob.objects.create(
-        owner=owner,
-        state=state,
-        upload_name="shot.blend",
-        folder=f"t{owner.pk}/{secrets.token_hex(8)}",
-        main_file="scene.blend",
-        frame_spec=f"1-{frames}",
-        frames=numbers,
-        frame_count=frames,
-        chunk_size=1,
-        max_slices=max_slices,
-        **WHOLE,  # type: ignore[arg-type]
-    )
+    job = one_frame_a_chunk(owner, state, frames, max_slices, queued=state != RenderJob.State.AWAITING_CONFIRMATION)
     job.folder_path().mkdir(parents=True)
-    spent = services.span(job, frames, estimate_s, 0)
+    planned = estimates.plan(frames, job.chunk_size, max_slices, estimate_s, 0)
     estimate = services.Estimate(
         facts={}, device="CPU", probe_samples=4, seconds_per_frame=estimate_s, overhead_s=0, frames=frames,
-        chunks=spent.chunks, slices=spent.slices, total_seconds=spent.seconds, cost="",
+        chunks=planned.chunks, slices=planned.slices, total_seconds=planned.total_seconds, cost="",
+        minutes=planned.minutes,
     )  # fmt: skip
     (job.folder_path() / services.ESTIMATE_FILE).write_text(json.dumps(asdict(estimate)))
-    return job
-
-
-def queued(job: RenderJob) -> RenderJob:
-    RenderFrame.objects.bulk_create([RenderFrame(job=job, number=n) for n in job.frames])
-    RenderChunk.objects.bulk_create([RenderChunk(job=job, index=n - 1, frames=[n]) for n in job.frames])
     return job
 
 
@@ -99,7 +66,7 @@ def test_at_zero_a_failed_job_s_frames_cannot_be_queued_again(
     fleet: object, quiet_render_queue: str, alice: User, hold: Hold, settings
 ) -> None:  # type: ignore[no-untyped-def]
     """'Requeue it at zero and it runs again': the frames left come to money the balance does not cover."""
-    job = queued(a_job(alice, RenderJob.State.FAILED, frames=20, estimate_s=60))
+    job = a_job(alice, RenderJob.State.FAILED, frames=20, estimate_s=60)
     RenderFrame.objects.filter(job=job, number__lte=5).update(state=RenderFrame.State.DONE)
     hold(alice, timedelta(minutes=30))
     meter.tick()
@@ -116,7 +83,7 @@ def test_no_slice_goes_to_any_workload_of_someone_whose_credit_ran_out(
     """A probe, a job's further slices, a retry, reconciliation's dispatch: all allocate through the gate."""
     settings.BILLING_MIN_MINUTES = 10
     CreditStop.objects.create(user=alice, stop_at=database_now() + timedelta(minutes=5))
-    job = queued(a_job(alice, RenderJob.State.QUEUED, frames=3))
+    job = a_job(alice, RenderJob.State.QUEUED, frames=3)
     with pytest.raises(AllocationRefused) as refused:
         allocate(alice, job.request, holder=Holder.render(job.pk))
     assert refused.value.code == "credit" and "credit has run out" in refused.value.reason
@@ -132,7 +99,7 @@ def test_a_render_job_is_stopped_at_the_zero_balance_stop_like_a_session_and_cha
     rendered to the end, the balance as negative as it likes."""
     image, _ = NotebookImage.objects.get_or_create(name="JupyterLab", defaults={"image": "gpu-portal/notebook:latest"})
     session = running_session(alice, image, A100, "lab")
-    job = queued(a_job(alice, RenderJob.State.RENDERING, frames=3))
+    job = a_job(alice, RenderJob.State.RENDERING, frames=3)
     rendering = allocate(alice, job.request, holder=Holder.render(job.pk))
     began = database_now() - timedelta(minutes=6)
     holdings.started(rendering.pk, began)

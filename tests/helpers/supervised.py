@@ -102,6 +102,7 @@ class SupervisedRun:
         )
         self.log = log_path.open("ab")
         self.seen_groups: set[int] = set()
+        self.answered_at_announcement: bool | None = None  # answered_when_announced's finding, where a test asked
         self.process = self.start()
 
     def start(self) -> subprocess.Popen[bytes]:
@@ -187,6 +188,12 @@ class SupervisedRun:
                 pass
             time.sleep(0.2)
         raise TimeoutError(f"{what}: not within {timeout} s (see artifacts/logs/)")
+
+    def answered_when_announced(self, log_path: Path, timeout: float) -> bool:
+        """Wait for the run to print its address, then say whether the address answers at that moment."""
+        announcement = f"GPU portal: open {self.public}/"
+        self.wait(lambda: announcement in log_path.read_text(errors="replace"), timeout, "the address printed")
+        return answers_200(f"{self.public}/healthz")
 
     def ready(self, timeout: float) -> None:
         # This run's supervisord first: after a crash the programs it left still answer on their ports while

@@ -127,14 +127,42 @@ def test_security_headers_are_set(alice: User) -> None:
 
 
 def test_the_dashboard_stays_within_its_query_budget(alice: User, staff: User, django_assert_max_num_queries) -> None:  # type: ignore[no-untyped-def]
-    # The session and its person, their sessions, two for the finance permission (the navigation), and
-    # billing's card and notices: an open credit stop, this month's budget alerts, running holdings and
-    # the balance. None of it grows with history.
+    # The session and its person, their sessions, the count of their queued and rendering jobs, two for the
+    # finance permission (the navigation), and billing's card and notices: an open credit stop, this month's
+    # budget alerts, running holdings and the balance. None of it grows with history.
     alice_client, staff_client = logged_in(alice), logged_in(staff)
-    with django_assert_max_num_queries(9):
-        alice_client.get("/")
     with django_assert_max_num_queries(10):
+        alice_client.get("/")
+    with django_assert_max_num_queries(11):
         staff_client.get("/")
+
+
+def test_the_dashboard_counts_the_persons_own_queued_and_rendering_jobs_and_links_to_them(
+    alice: User, bob: User
+) -> None:
+    from sessions.render.models import RenderJob
+
+    State = RenderJob.State
+    for owner, state in [
+        (alice, State.QUEUED),
+        (alice, State.RENDERING),
+        (alice, State.RENDERING),
+        (alice, State.AWAITING_CONFIRMATION),  # not confirmed: nothing of it renders
+        (alice, State.DONE),
+        (alice, State.FAILED),
+        (bob, State.RENDERING),  # someone else's
+    ]:
+        RenderJob.objects.create(owner=owner, state=state, upload_name="s.blend", folder=f"t/{owner.pk}", frames=[1])
+
+    page = logged_in(alice).get("/").content.decode()
+
+    card = page[page.index('id="card-render-jobs"') :]
+    card = card[: card.index("</article>")]
+    jobs = reverse("render-job-list")
+    assert f'<p class="figure"><a href="{jobs}#render-jobs" data-testid="render-jobs-running">3</a></p>' in card
+    assert "queued or rendering" in card
+    assert '<p class="figure"><a href="' in logged_in(bob).get("/").content.decode()
+    assert 'data-testid="render-jobs-running">1</a>' in logged_in(bob).get("/").content.decode()
 
 
 def test_a_notebook_path_the_proxy_has_no_route_for_goes_to_the_hub(client: Client) -> None:

@@ -9,6 +9,7 @@ import signal
 import socket
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -18,7 +19,7 @@ from tests.helpers.supervised import SupervisedRun, group_members
 pytestmark = [pytest.mark.docker, pytest.mark.hub, pytest.mark.celery]
 
 LOGS = Path(__file__).resolve().parents[2] / "artifacts" / "logs"
-PORTAL = ["web", "proxy", "hub", "worker", "render", "beat", "agent"]
+PORTAL = ["web", "proxy", "hub", "worker", "render", "estimate", "beat", "agent"]
 HELPERS = ["console", "revive"]
 
 
@@ -31,6 +32,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SupervisedRun]:
         tmp_path_factory.mktemp("make-run"), LOGS / "make-run.log", PORTAL_START_RETRIES="1", PORTAL_REVIVE_SECONDS="2"
     )
     try:
+        started.answered_at_announcement = started.answered_when_announced(LOGS / "make-run.log", timeout=240)
         started.ready(timeout=240)
         yield started
     finally:
@@ -60,9 +62,14 @@ def back_again(run: SupervisedRun, name: str) -> Callable[[], bool]:
         return lambda: answers_200(run.hub_api) and answers_200(f"{run.public}/jupyter/hub/api/")
     if name == "worker":
         return run.worker_answers
-    if name == "render":
-        return lambda: render_worker_queues(run) == [f"{run.queue}-render"]
+    if name in ("render", "estimate"):
+        return lambda: worker_queues(run, name) == [f"{run.queue}-{name}"]
     return lambda: True  # beat, agent, console, revive: running again is all they show
+
+
+def test_the_address_is_printed_only_once_it_answers(run: SupervisedRun) -> None:
+    # Printed earlier, the first person to open it met the proxy's 503 for the seconds daphne took to start.
+    assert run.answered_at_announcement, "the address was printed before it answered"
 
 
 def test_the_worker_takes_eight_tasks_at_once(run: SupervisedRun) -> None:
@@ -76,26 +83,39 @@ def test_the_worker_takes_eight_tasks_at_once(run: SupervisedRun) -> None:
     assert pool["implementation"].startswith("celery.concurrency.thread")
 
 
-def render_worker_queues(run: SupervisedRun) -> list[str]:
-    """The queues the render worker reads, as it answers them (empty while it does not answer)."""
+def worker_queues(run: SupervisedRun, role: str) -> list[str]:
+    """The queues the render or estimate worker reads, as it answers them (empty while it does not answer)."""
     from portal.celery import app
 
-    name = f"{run.queue}-render@{socket.gethostname()}"
+    name = f"{run.queue}-{role}@{socket.gethostname()}"
     found = app.control.inspect(destination=[name], timeout=1).active_queues() or {}
     return sorted(queue["name"] for queue in found.get(name, []))
+
+
+def pool_of(run: SupervisedRun, role: str) -> dict[str, Any]:
+    from portal.celery import app
+
+    name = f"{run.queue}-{role}@{socket.gethostname()}"
+    return dict((app.control.inspect(destination=[name], timeout=2).stats() or {})[name]["pool"])
 
 
 def test_render_jobs_have_a_worker_of_their_own_on_their_own_queue(run: SupervisedRun) -> None:
     from portal.celery import app
 
-    run.wait(lambda: render_worker_queues(run) == [f"{run.queue}-render"], 60, "the render worker")
-    name = f"{run.queue}-render@{socket.gethostname()}"
-    pool = (app.control.inspect(destination=[name], timeout=2).stats() or {})[name]["pool"]
+    run.wait(lambda: worker_queues(run, "render") == [f"{run.queue}-render"], 60, "the render worker")
+    pool = pool_of(run, "render")
     assert pool["max-concurrency"] == len(os.sched_getaffinity(0))
     assert pool["implementation"].startswith("celery.concurrency.thread")
     # The portal's own worker does not read the render queue: a render never waits in front of its tasks.
     general = app.control.inspect(destination=[run.worker_name], timeout=2).active_queues() or {}
     assert [queue["name"] for queue in general[run.worker_name]] == [run.queue]
+
+
+def test_estimates_have_a_lane_of_their_own_that_no_render_takes_a_thread_of(run: SupervisedRun) -> None:
+    run.wait(lambda: worker_queues(run, "estimate") == [f"{run.queue}-estimate"], 60, "the estimate worker")
+    pool = pool_of(run, "estimate")
+    assert pool["max-concurrency"] == 2 and pool["implementation"].startswith("celery.concurrency.thread")
+    assert worker_queues(run, "render") == [f"{run.queue}-render"], "the render worker never takes a probe"
 
 
 @pytest.mark.parametrize("name", PORTAL + HELPERS)

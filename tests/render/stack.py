@@ -26,7 +26,7 @@ from django.contrib.auth.models import User
 from django.db.models import Sum
 
 from billing.models import Account, ChargedMinute, Entry, LedgerTransaction, Usage
-from portal.celery import app, render_queue
+from portal.celery import app, estimate_queue, render_queue
 from sessions.gpus.allocator import SliceRequest, allocate
 from sessions.gpus.backends import get_backend
 from sessions.gpus.holders import Holder, HolderKind
@@ -43,6 +43,8 @@ from tests.helpers.processes import BIN, ROOT
 
 DOCKER = "/usr/bin/docker"
 CHUNK_ATTEMPTS = 2  # the render worker's PORTAL_RENDER_CHUNK_ATTEMPTS in these tests
+RENDER_THREADS = 2  # the render worker's threads in these tests (the supervisor's: one per core)
+ESTIMATE_THREADS = 2  # the estimate worker's (the supervisor's PORTAL_ESTIMATE_CONCURRENCY)
 MIG_OFFER = {"gpu_kind": "mig", "gpu_profile": "1g.18gb", "gpu_model": "H200-SXM5-141GB"}
 
 # Scripts Blender runs in the image (trusted, outside our sandbox) to make test scenes in /out.
@@ -65,6 +67,10 @@ SLOW_SCENE = (
     .replace("64, 48, 100", "320, 240, 100")
     .replace("small.blend", "slow.blend")
 )
+# Frames that take hours: a million samples, every one taken (no adaptive sampling stops them early).
+ENDLESS_SCENE = SMALL_SCENE.replace(
+    "samples = 4", "samples = 1 << 20\nscene.cycles.use_adaptive_sampling = False"
+).replace("small.blend", "endless.blend")
 # A large frame: even the probe's 4 samples take half a minute, long enough to cancel the job while it runs.
 BIG_SCENE = SMALL_SCENE.replace("64, 48, 100", "4000, 3000, 100").replace("small.blend", "big.blend")
 # Wider than the portal renders (PORTAL_RENDER_MAX_RESOLUTION, 16384 by default), and quick to render.
@@ -158,7 +164,7 @@ def once(key: str, make: Callable[[], contextlib.AbstractContextManager[Any]]) -
 @contextlib.contextmanager
 def scene_folder() -> Iterator[Path]:
     with own_folder("render-scenes") as folder:
-        for script in (SMALL_SCENE, SLOW_SCENE, NO_CAMERA_SCENE, HOSTILE_SCENE, BIG_SCENE, WIDE_SCENE):
+        for script in (SMALL_SCENE, SLOW_SCENE, NO_CAMERA_SCENE, HOSTILE_SCENE, BIG_SCENE, WIDE_SCENE, ENDLESS_SCENE):
             blender_in_image(folder, script)
         (folder / "unreadable.blend").write_bytes(b"BLENDER-v304" + secrets.token_bytes(4096))
         yield folder
@@ -176,40 +182,55 @@ def render_root() -> Path:
     return RENDER_ROOT
 
 
-def start_render_worker(render_root: Path, log_path: Path) -> tuple[subprocess.Popen[bytes], str]:
-    name = f"render-{RUN_ID}@127.0.0.1"
+def start_worker(role: str, queue: str, threads: int, render_root: Path) -> tuple[subprocess.Popen[bytes], str]:
+    """A Celery worker of the render side on its queue, threads as the supervisor runs it."""
+    name = f"{role}-{RUN_ID}@127.0.0.1"
     env = processes.child_env(
         PORTAL_RENDER_DIR=str(render_root),
         PORTAL_RENDER_CHUNK_ATTEMPTS=str(CHUNK_ATTEMPTS),
         PORTAL_RENDER_CHUNK_WALL_SECONDS="600",
     )
-    command = [str(BIN / "celery"), "--app", "portal", "worker", "--pool", "threads", "--concurrency", "2"]
-    command += ["--queues", render_queue(), "--hostname", name, "--without-gossip", "--without-mingle"]
-    log = log_path.open("ab")
+    command = [str(BIN / "celery"), "--app", "portal", "worker", "--pool", "threads", "--concurrency", str(threads)]
+    command += ["--queues", queue, "--hostname", name, "--without-gossip", "--without-mingle"]
+    log = (ARTIFACTS / "logs" / f"{role}-worker.log").open("ab")
     process = subprocess.Popen(
         [*command, "--loglevel", "INFO"], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT
     )
     processes.ready_or_stopped(
-        process, lambda: bool(app.control.ping(destination=[name], timeout=0.5)), 60, "render worker"
+        process, lambda: bool(app.control.ping(destination=[name], timeout=0.5)), 60, f"{role} worker"
     )
     return process, name
 
 
+def start_render_worker(render_root: Path) -> tuple[subprocess.Popen[bytes], str]:
+    return start_worker("render", render_queue(), RENDER_THREADS, render_root)
+
+
 @pytest.fixture(scope="session")
 def render_worker(celery_worker: str, render_image: str, render_root: Path) -> Iterator[str]:
-    """A Celery worker on the render queue, beside the session's worker on the default queue (dispatch,
-    billing's end-of-holding charge)."""
-    with once("render_worker", lambda: running_worker(render_root)) as name:
+    """A Celery worker on the render queue and one on the estimate queue (the probe's own lane), beside the
+    session's worker on the default queue (dispatch, billing's end-of-holding charge); the render one's name."""
+    with once("render_worker", lambda: running_workers(render_root)) as name:
         yield name
 
 
 @contextlib.contextmanager
-def running_worker(render_root: Path) -> Iterator[str]:
-    SHARED["render_process"], name = start_render_worker(render_root, ARTIFACTS / "logs" / "render-worker.log")
+def running_workers(render_root: Path) -> Iterator[str]:
+    SHARED["render_process"], name = start_render_worker(render_root)
     try:
+        SHARED["estimate_process"], SHARED["estimate_worker"] = start_worker(
+            "estimate", estimate_queue(), ESTIMATE_THREADS, render_root
+        )
         yield name
     finally:
-        processes.stop(SHARED.pop("render_process"))
+        for role in ("estimate", "render"):
+            if f"{role}_process" in SHARED:
+                processes.stop(SHARED.pop(f"{role}_process"))
+
+
+def estimate_worker() -> str:
+    """The name of the estimate queue's worker (started with ``render_worker``)."""
+    return str(SHARED["estimate_worker"])
 
 
 def kill_and_restart_render_worker(render_root: Path) -> None:
@@ -218,7 +239,7 @@ def kill_and_restart_render_worker(render_root: Path) -> None:
     killed = SHARED["render_process"]
     killed.kill()
     killed.wait(timeout=30)
-    SHARED["render_process"], _ = start_render_worker(render_root, ARTIFACTS / "logs" / "render-worker.log")
+    SHARED["render_process"], _ = start_render_worker(render_root)
 
 
 @pytest.fixture
@@ -234,6 +255,7 @@ def render_stack(render_worker: str, render_root: Path, settings, transactional_
     # The test's rows are flushed next: let the worker finish with them first (a slice's worker releases
     # its slice just after the job's last push).
     wait_for(lambda: not running_tasks(render_worker), 60, "the render worker idle")
+    wait_for(lambda: not running_tasks(estimate_worker()), 60, "the estimate worker idle")
     get_backend.cache_clear()
 
 

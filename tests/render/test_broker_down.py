@@ -23,6 +23,7 @@ from tests.helpers.websockets import session_cookie
 from tests.render.stack import (  # noqa: F401 (fixtures)
     MIG_OFFER,
     daphne_on,
+    estimate_worker,
     make_job,
     render_image,
     render_root,
@@ -92,6 +93,6 @@ def test_reconciliation_takes_a_job_left_checked_to_its_probe_and_resends_a_long
 
     estimated = (checked, silent)
     wait_for(lambda: all(state_of(job) == State.AWAITING_CONFIRMATION for job in estimated), 240, "both estimates")
-    wait_for(lambda: not running_tasks(render_worker), 60, "the render worker idle")
+    wait_for(lambda: not running_tasks(estimate_worker()), 60, "the estimate worker idle")
     assert state_of(recent) == State.ESTIMATING and slices_of(recent) == []
     assert recovery.reconcile()["estimates_sent"] == 0

@@ -21,6 +21,7 @@ from sessions.render.models import RenderJob
 from tests.billing.conftest import ledger_total, unbalanced_transactions
 from tests.render.stack import (  # noqa: F401 (fixtures)
     containers_of,
+    estimate_worker,
     make_job,
     render_image,
     render_root,
@@ -61,7 +62,7 @@ def test_cancelling_while_the_probe_renders_stops_it_bills_its_minutes_once_and_
     assert held.held_from <= held.held_until <= cancelled, "charged up to the container's end, not the probe's"
     assert not job.folder_path().exists(), "the scene went with the cancel"
     wait_for(lambda: not containers_of(job), 30, "the probe's container removed")
-    wait_for(lambda: not running_tasks(render_worker), 60, "the probe's task to end")
+    wait_for(lambda: not running_tasks(estimate_worker()), 60, "the probe's task to end")
 
     job.refresh_from_db()
     assert job.state == State.CANCELLED and services.estimate_of(job) is None

@@ -95,8 +95,10 @@ def test_an_upload_is_estimated_confirmed_rendered_and_its_frames_downloaded_by_
     assert re.search(r'data-testid="device">CPU<', shown)
     assert "(this slice&#x27;s GPU is simulated)" in shown, "and why"
     assert "<code>small.blend</code>" in shown, "the scene as its owner named it, not our scene.blend"
-    assert re.search(r'data-testid="per-frame">\d+(\.\d+)? s<', shown)
-    assert re.search(r'data-testid="cost">[\d.,]+ CNY<', shown)
+    assert re.search(r'data-testid="per-frame">\d+(\.\d+)? s <small', shown)
+    assert "(frames 1, 2, 3 rendered at 4 samples as the job will)" in shown, "how the estimate was made"
+    assert re.search(r'data-testid="per-chunk">\d+(\.\d+)? s more', shown)
+    assert re.search(r'data-testid="cost">[\d.,]+ CNY <small class="muted">\(1 slice-minute:', shown)
     confirm_url = reverse("render-job-confirm", args=[job.pk])
     assert f'action="{confirm_url}"' in shown
 

@@ -94,6 +94,7 @@ def test_the_figures_count_done_frames_average_their_time_and_price_the_held_min
     assert (figures["frames_done"], figures["frames_total"], figures["percent"]) == (2, 4, 50)
     assert figures["seconds_per_frame"] == 25.0
     assert figures["eta_seconds"] == 50.0  # two frames left at 25 s, on the one slice rendering
+    assert (figures["per_frame_shown"], figures["eta_shown"]) == ("25 s", "50 s")
     rate = per_minute(SliceRequest("mig", "1g.18gb", "H200"), "on_demand")
     assert rate is not None and rate > 0
     assert progress.cost_so_far(job) == 2 * rate
@@ -237,3 +238,23 @@ def test_the_cost_so_far_keeps_the_rate_in_force_when_the_slice_was_first_held(
 
     assert per_minute(SliceRequest("mig", "1g.18gb", "H200"), "on_demand") == Decimal(10), "the new price is in force"
     assert progress.cost_so_far(job) == 2 * rate
+
+
+@pytest.mark.parametrize(
+    ("seconds", "shown"),
+    [
+        (None, "—"),
+        (0.0, "0 s"),
+        (0.04, "0.04 s"),
+        (0.3, "0.3 s"),
+        (0.449, "0.45 s"),
+        (9.994, "9.99 s"),
+        (12.4, "12 s"),
+        (125.0, "2 min 5 s"),
+        (7322.0, "2 h 2 min"),
+    ],
+)
+def test_times_under_ten_seconds_show_to_the_hundredth_so_a_third_of_a_second_is_never_0_s(
+    seconds: float | None, shown: str
+) -> None:
+    assert progress.duration(seconds) == shown

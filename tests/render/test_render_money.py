@@ -5,9 +5,7 @@ run without Docker; the real stack's worker death is in test_lifecycle_failures.
 
 from __future__ import annotations
 
-import secrets
 import threading
-import uuid
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
@@ -19,15 +17,15 @@ from django.utils import timezone
 
 from billing import meter
 from billing.models import ChargedMinute
-from portal.celery import app
 from portal.clock import database_now
 from sessions.gpus import holdings
 from sessions.gpus.allocator import allocate
 from sessions.gpus.backends import get_backend
 from sessions.gpus.holders import Holder
 from sessions.gpus.models import Slice
-from sessions.render import recovery, services
-from sessions.render.models import RenderChunk, RenderFrame, RenderJob
+from sessions.render import chunks, recovery, services
+from sessions.render.models import RenderChunk, RenderJob
+from tests.factories import one_frame_a_chunk
 from tests.gpus.conftest import use_fleet
 
 WHOLE = {"gpu_kind": "whole", "gpu_profile": "", "gpu_model": "A100-SXM4-80GB"}
@@ -41,33 +39,8 @@ def fleet(settings, render_dir: Path) -> Iterator[None]:  # type: ignore[no-unty
     get_backend.cache_clear()
 
 
-@pytest.fixture
-def quiet_render_queue(settings) -> Iterator[str]:  # type: ignore[no-untyped-def]
-    """The slices' workers are sent to a queue nobody reads here, emptied at the end."""
-    settings.RENDER_QUEUE = f"render-money-{uuid.uuid4().hex[:8]}"
-    yield settings.RENDER_QUEUE
-    with app.connection_for_write() as connection:
-        connection.default_channel.queue_purge(settings.RENDER_QUEUE)
-
-
 def queued_job(owner: User, chunks: int, max_slices: int) -> RenderJob:
-    frames = list(range(1, chunks + 1))
-    job = RenderJob.objects.create(
-        owner=owner,
-        state=RenderJob.State.QUEUED,
-        upload_name="shot.blend",
-        folder=f"t{owner.pk}/{secrets.token_hex(8)}",
-        main_file="scene.blend",
-        frame_spec=f"1-{chunks}",
-        frames=frames,
-        frame_count=chunks,
-        chunk_size=1,
-        max_slices=max_slices,
-        **WHOLE,  # type: ignore[arg-type]
-    )
-    RenderFrame.objects.bulk_create([RenderFrame(job=job, number=n) for n in frames])
-    RenderChunk.objects.bulk_create([RenderChunk(job=job, index=n - 1, frames=[n]) for n in frames])
-    return job
+    return one_frame_a_chunk(owner, RenderJob.State.QUEUED, chunks, max_slices)
 
 
 @pytest.mark.django_db(transaction=True)
@@ -138,3 +111,38 @@ def test_at_the_render_worker_s_start_every_slice_its_dead_workers_held_ends_at_
     chunk = RenderChunk.objects.get(job=job, index=0)
     assert (chunk.state, chunk.attempts) == (RenderChunk.State.PENDING, 0)
     assert len(services.held_by(job.pk)) == 1  # a fresh slice, for a fresh worker
+
+
+@pytest.mark.django_db
+def test_a_newcomer_gets_an_equal_share_of_the_render_threads_and_no_more(
+    fleet: None, quiet_render_queue: str, alice: User, bob: User, settings
+) -> None:  # type: ignore[no-untyped-def]
+    """Two render threads: alone, a person's job takes both; with a second person rendering, each gets one."""
+    settings.RENDER_THREADS = 2
+    first = queued_job(alice, chunks=6, max_slices=4)
+    assert services.dispatch(first.pk) == 2  # all the threads there are, not its four slices
+    second = queued_job(bob, chunks=3, max_slices=4)
+    assert services.dispatch(second.pk) == 1
+    assert (len(services.held_by(first.pk)), len(services.held_by(second.pk))) == (2, 1)
+
+
+@pytest.mark.django_db
+def test_a_long_job_yields_a_render_thread_to_another_person_s_job_between_its_chunks(
+    fleet: None, quiet_render_queue: str, alice: User, bob: User, settings
+) -> None:  # type: ignore[no-untyped-def]
+    """The issue's sequence: one person's job held both render threads and everyone else's work sat waiting for
+    minutes. At its next chunk one of its slices' workers lets its slice and thread go, and the other person's
+    job is given them; the long job goes on on its other slice."""
+    settings.RENDER_THREADS = 2
+    long = queued_job(alice, chunks=6, max_slices=2)
+    services.dispatch(long.pk)
+    first, second = services.held_by(long.pk)
+    waiting = queued_job(bob, chunks=2, max_slices=2)
+    assert chunks._claim(waiting.pk, first.pk) is None  # not its slice
+    assert chunks._claim(long.pk, first.pk) == chunks.YIELD
+    assert chunks.work_on_slice(long.pk, first.pk) == 0
+    first.refresh_from_db()
+    assert first.released_at is not None and [s.pk for s in services.held_by(long.pk)] == [second.pk]
+    assert len(services.held_by(waiting.pk)) == 1  # given the thread that was let go
+    claimed = chunks._claim(long.pk, second.pk)
+    assert isinstance(claimed, chunks.Claim)  # its share: one slice, which renders on

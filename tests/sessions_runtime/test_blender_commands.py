@@ -43,7 +43,7 @@ def test_no_frames_negative_frames_or_frames_beyond_blenders_maximum_are_refused
 
 def test_a_probe_of_a_frame_blender_cannot_render_is_refused() -> None:
     with pytest.raises(ValueError):
-        blender.probe_command("a.blend", RenderSettings(), "m", threads=1, frame=-3)
+        blender.probe_command("a.blend", RenderSettings(), "m", threads=1, frames=[1, -3])
 
 
 @pytest.mark.parametrize("blend", ["/etc/passwd.blend", "../other/x.blend", "a/../../x.blend", "scene.py", ""])
@@ -83,22 +83,32 @@ def test_a_render_writes_only_to_the_output_folder_with_the_slices_threads_and_r
 
 def test_the_render_options_reach_blender_as_json_after_the_double_dash() -> None:
     settings = RenderSettings(samples=16, percentage=50, gpu=cycles_gpu(simulated=False), max_side=16384)
-    options = json.loads(blender.probe_command("a.blend", settings, "m", threads=1, frame=7)[-1])
+    command = blender.probe_command("a.blend", settings, "m", threads=1, frames=(1, 7, 12), time_limit=10.0)
+    options = json.loads(command[-1])
     assert options == {
         "mark": "m",
         "render": True,
         "samples": 16,
         "percentage": 50,
         "gpu": ["OPTIX", "CUDA"],
-        "only_frame": 7,
+        "only_frame": None,
+        "time_limit": 10.0,
         "formats": ["PNG", "OPEN_EXR"],
         "preview": 0,
         "max_side": 16384,
         "preview_name": "preview_{:06d}.png",
         "out": "/out",
     }
+    assert command[command.index("-f") + 1] == "1,7,12", "the probe renders the frames it was given, as a chunk"
     assert json.loads(blender.facts_command("a.blend", "m")[-1])["render"] is False
     assert cycles_gpu(simulated=True) == ()
+
+
+def test_a_probe_told_no_frames_renders_the_scenes_first_and_stops_no_sampling_unless_told() -> None:
+    command = blender.probe_command("a.blend", RenderSettings(), "m", threads=1)
+    options = json.loads(command[-1])
+    assert "-a" in command and "-f" not in command
+    assert (options["only_frame"], options["time_limit"]) == (-1, 0.0)
 
 
 def test_a_render_asks_for_previews_where_told_and_the_probe_never_does() -> None:

@@ -41,8 +41,9 @@ def test_each_frame_is_timed_until_its_first_sample_its_last_and_its_file() -> N
     first = log.timings[1]
     assert (first.prepared, first.rendered, first.total) == (0.13, 0.14, 0.34)
     assert sorted(log.timings) == [1, 2, 3] and all(timing.total for timing in log.timings.values())
-    # At 400 samples instead of 4, the sampling (0.01 s) scales a hundredfold; preparing and saving do not.
-    assert first.at_samples(400, 4) == pytest.approx(0.34 + 0.01 * 99)
+    assert (first.reached, first.samples) == (4, 4)
+    # No limit stopped it: its time is what Blender measured.
+    assert first.projected(None) == first.projected(10.0) == 0.34
 
 
 def test_our_marked_lines_give_the_facts_and_the_device_and_other_lines_cannot_forge_them() -> None:
@@ -103,9 +104,30 @@ def test_a_probe_at_two_samples_is_timed() -> None:
     timing = log.timings[1]
     assert (timing.prepared, timing.rendered, timing.total) == (0.06, 0.06, 0.28)
     assert [saved.frame for saved in log.saved] == [1]
-    # Its two samples took less than Blender's clock shows: they count as 10 ms, so a bigger job's estimate
-    # errs high rather than calling 4096 samples as quick as 2.
-    assert timing.at_samples(202, 2) == pytest.approx(0.28 + 0.01 * 100)
+    assert timing.sampling == 0.01, "sampling quicker than Blender's clock counts as its 10 ms"
+
+
+def test_a_frame_whose_sampling_ran_into_the_probes_limit_is_projected_to_every_sample() -> None:
+    # 100,000 samples without adaptive sampling, each frame's sampling stopped after half a second.
+    log, _ = read("probe-stopped-by-its-limit.txt")
+    assert log.last("time_limit") == Marked("time_limit", 0.5)
+    first, last = log.timings[1], log.timings[3]
+    assert (first.prepared, first.rendered, first.total) == (0.06, 0.57, 0.67)
+    assert (first.reached, first.samples) == (1061, 100_000), "the highest sample it said, not the last line's 0"
+    assert first.stopped_by(0.5) and last.stopped_by(0.5)
+    # Its 1,061 samples took 0.51 s: the 98,939 left at that pace; preparing and saving stay as they were.
+    assert first.projected_sampling(0.5) == pytest.approx(0.51 * 100_000 / 1061, abs=0.001)
+    assert first.projected(0.5) == pytest.approx(0.67 + 0.51 * (100_000 / 1061 - 1), abs=0.002)
+    assert first.projected(None) == 0.67, "with no limit said, nothing stopped it"
+
+
+def test_a_frame_that_converged_well_within_the_limit_is_taken_as_measured() -> None:
+    # 4,096 samples with adaptive sampling: every pixel converged by sample 288, in 0.04 s of a 0.5 s limit.
+    log, _ = read("probe-adaptive-converged.txt")
+    timing = log.timings[1]
+    assert (timing.reached, timing.samples) == (288, 4096)
+    assert not timing.stopped_by(0.5)
+    assert timing.projected(0.5) == timing.total == 0.19
 
 
 def test_blender_times_read_as_seconds() -> None:

@@ -358,13 +358,30 @@ def test_the_scene_facts_are_read_by_blender_in_the_sandbox(scenes: Path, spec: 
     assert facts.version[0] == 3 and facts.scene == "Scene"
 
 
-def test_a_probe_renders_one_low_sample_frame_and_times_it(scenes: Path, spec: ContainerSpec, output: Path) -> None:
-    found = probe(DockerRuntime(), spec, Scene(scenes, "scene.blend"), output, RenderSettings(), samples=2)
-    assert found.frame == 1 and found.samples == 2 and found.result.device == "CPU"
-    assert list(found.result.saved) == [1] and png_size(found.result.saved[1]) == (64, 48)
-    assert 0 < found.seconds_per_frame < found.result.exit.wall_s
-    assert found.seconds_at(256) > found.seconds_at(2) == pytest.approx(found.seconds_per_frame)
-    assert found.facts.frame_end == 3
+def test_a_probe_renders_the_frames_it_is_given_as_the_job_would_and_times_them(
+    scenes: Path, spec: ContainerSpec, output: Path
+) -> None:
+    found = probe(DockerRuntime(), spec, Scene(scenes, "scene.blend"), output, RenderSettings(), frames=(1, 3))
+    assert found.frames == (1, 3) and found.result.device == "CPU" and found.limit_s is None
+    assert sorted(found.result.saved) == [1, 3] and png_size(found.result.saved[3]) == (64, 48)
+    assert [timing.samples for timing in found.timings] == [4, 4], "at the scene's own samples"
+    totals = [timing.total or 0.0 for timing in found.timings]
+    assert found.seconds_per_frame == pytest.approx(max(0.01, sum(totals) / 2), abs=0.011)
+    assert 0 < found.overhead_s == pytest.approx(found.result.exit.wall_s - sum(totals), abs=0.002)
+    assert 0 < found.sampling_per_frame <= found.seconds_per_frame, "part of each frame is sampling"
+    assert found.stopped == () and found.facts.frame_end == 3
+
+
+def test_a_probe_stops_each_frames_sampling_at_its_limit_and_projects_the_rest(
+    scenes: Path, spec: ContainerSpec, output: Path
+) -> None:
+    endless = RenderSettings(samples=1 << 20)  # hours of sampling (slow.blend samples without adaptive stops)
+    found = probe(DockerRuntime(), spec, Scene(scenes, "slow.blend"), output, endless, frames=(2,), limit_s=1.0)
+    assert found.limit_s == 1.0 and found.stopped == (2,)
+    [timing] = found.timings
+    assert timing.reached is not None and 0 < timing.reached < 1 << 20 and timing.samples == 1 << 20
+    assert found.result.exit.wall_s < 30, "stopped after a second of sampling"
+    assert found.seconds_per_frame > 100 * found.result.exit.wall_s, "the samples left, projected"
 
 
 @pytest.mark.parametrize(
@@ -405,7 +422,7 @@ def test_a_scenes_text_block_and_scripted_driver_never_run_in_the_sandbox(
     probed_in, rendered_in = tmp_path / "probe", tmp_path / "render"
     probed_in.mkdir()
     rendered_in.mkdir()
-    probed = probe(runtime, spec, scene, probed_in, RenderSettings(), samples=1)
+    probed = probe(runtime, spec, scene, probed_in, RenderSettings())
     rendered = render(runtime, spec, scene, rendered_in, (1, 2), RenderSettings(), wall_time_s=120)
     assert facts.resolution_x == probed.facts.resolution_x == 32 and probed.result.ok and rendered.ok
     assert sorted(path.name for path in probed_in.iterdir()) == ["frame_000001.png"]

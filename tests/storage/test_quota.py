@@ -77,7 +77,8 @@ def test_an_administrator_sets_a_groups_and_a_persons_quota_in_the_admin(alice: 
     assert added.status_code == 302
     assert usage.limit_of(alice) == int(0.75 * GIB)
     refused = admin.post("/admin/gpu_sessions/storagequota/add/", {"user": alice.pk, "gib": "0"})
-    assert refused.status_code == 200 and "Ensure this value is greater than or equal to 0.001" in refused.content.decode()
+    assert refused.status_code == 200
+    assert "Ensure this value is greater than or equal to 0.001" in refused.content.decode()
 
     usage.record(alice.pk, Kind.WORK_VOLUME, "vol-a", label="work/", size=3_000)
     listed = admin.get("/admin/gpu_sessions/storageuse/").content.decode()
