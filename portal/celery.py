@@ -114,6 +114,11 @@ app.conf.beat_schedule = {
     "render-orphan-uploads": {"task": "sessions.render.tasks.remove_orphan_uploads", "schedule": 3600.0},
     # Ended render jobs' files, PORTAL_RENDER_RETENTION_DAYS after they ended (their records stay).
     "render-retention": {"task": "sessions.render.tasks.remove_expired_render_files", "schedule": 3600.0},
+    # Everyone's storage measured again: render jobs' folders, work volumes, notebook containers' own files.
+    "measure-storage": {
+        "task": "sessions.storage.tasks.measure_storage",
+        "schedule": 60.0 * settings.STORAGE_MEASURE_MINUTES,
+    },
     # Frees what a crashed render left (slices, containers) and puts chunks whose container is gone back.
     "reconcile-render-jobs": {"task": "sessions.render.tasks.reconcile_render_jobs", "schedule": 30.0},
     "billing-minute": {"task": "billing.tasks.charge_accrued", "schedule": 60.0},

@@ -478,6 +478,15 @@ RENDER_UPLOAD_EXPIRY_HOURS = env.integer("PORTAL_RENDER_UPLOAD_EXPIRY_HOURS", 24
 # Days an ended job keeps its files (scene, frames, thumbnails); an hourly task then removes them, keeping
 # the job's record and every charge.
 RENDER_RETENTION_DAYS = env.integer("PORTAL_RENDER_RETENTION_DAYS", 30, minimum=1)
+# A job left waiting for its owner (its main file never chosen, its estimate never confirmed) is cancelled this
+# many hours after it began to wait, and its files removed, by the hourly retention task.
+RENDER_UNFINISHED_EXPIRY_HOURS = env.integer("PORTAL_RENDER_UNFINISHED_EXPIRY_HOURS", 48, minimum=1)
+
+# Storage: what one person may keep on the portal's disk (render jobs' files, uploads on their way, the notebook
+# work volume, notebook containers' own files) unless a group of theirs or they themselves have a quota set in
+# the admin; and how often a periodic task measures it all again (each job is also measured as its files change).
+STORAGE_QUOTA_BYTES = env.integer("PORTAL_STORAGE_QUOTA_BYTES", 50 * 1024**3, minimum=1024**2)
+STORAGE_MEASURE_MINUTES = env.integer("PORTAL_STORAGE_MEASURE_MINUTES", 10, minimum=1)
 
 LOG_LEVELS = ["DEBUG", "INFO", "WARNING", "ERROR"]
 LOG_LEVEL = env.choice(

@@ -32,10 +32,12 @@ class Action(StrEnum):
     CONFIGURE = "configure"  # a render job's settings before it runs (its main file, confirming): its owner's alone
     REQUEUE = "requeue"  # a failed render job's frames queued again
     COST = "cost"  # what a slice's holding has cost so far: its owner's money, its owner's alone
+    REMOVE_FILES = "remove_files"  # an ended render job's files, before retention would remove them
 
 
 # Operators run the fleet: they may look at and end anyone's work, never act as its owner.
-OPERATOR_ACTIONS = frozenset({Action.VIEW, Action.STOP, Action.RELEASE, Action.REQUEUE})
+# Removing an ended job's files is theirs too: it frees a host's disk, as retention would later.
+OPERATOR_ACTIONS = frozenset({Action.VIEW, Action.STOP, Action.RELEASE, Action.REQUEUE, Action.REMOVE_FILES})
 
 
 class NotFound(Http404):

@@ -1,4 +1,4 @@
-"""Admin views of the fleet records and of notebook images and sessions.
+"""Admin views of the fleet records, of notebook images and sessions, and of storage quotas.
 
 Operators change GPUs through the fleet pages, not here. Images are edited here; of a session only its
 idle exemption is, and through the service: a session's lifecycle is never written by a form.
@@ -14,6 +14,7 @@ from django.http import HttpRequest
 from sessions.gpus.models import Gpu, GpuHost, GpuInstance, Slice, SliceQuota
 from sessions.notebooks.models import NotebookImage, NotebookSession
 from sessions.notebooks.services import exempt_from_idle_stop
+from sessions.storage.models import GroupStorageQuota, StorageQuota, StorageUse
 
 
 @admin.register(GpuHost)
@@ -46,6 +47,38 @@ class SliceAdmin(admin.ModelAdmin[Slice]):
 class SliceQuotaAdmin(admin.ModelAdmin[SliceQuota]):
     list_display = ["user", "max_slices"]
     autocomplete_fields = ["user"]
+
+
+@admin.register(StorageQuota)
+class StorageQuotaAdmin(admin.ModelAdmin[StorageQuota]):
+    """A person's own storage quota: it overrides their groups' and PORTAL_STORAGE_QUOTA_BYTES."""
+
+    list_display = ["user", "gib"]
+    autocomplete_fields = ["user"]
+
+
+@admin.register(GroupStorageQuota)
+class GroupStorageQuotaAdmin(admin.ModelAdmin[GroupStorageQuota]):
+    """A group's storage quota for each member (the largest of a person's groups' applies)."""
+
+    list_display = ["group", "gib"]
+    autocomplete_fields = ["group"]
+
+
+@admin.register(StorageUse)
+class StorageUseAdmin(admin.ModelAdmin[StorageUse]):
+    """What each person's files take, as last measured: read-only, the measures write it."""
+
+    list_display = ["owner", "kind", "label", "bytes", "measured_at"]
+    list_filter = ["kind"]
+    search_fields = ["owner__username", "label"]
+    readonly_fields = [field.name for field in StorageUse._meta.fields]
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: StorageUse | None = None) -> bool:
+        return False
 
 
 @admin.register(NotebookImage)

@@ -18,3 +18,10 @@ class GpuSessionsConfig(AppConfig):
         workloads.register(RenderJobs())
         # An on-demand notebook launch may wait for a reclaimed spot slice of any kind: every release hands over.
         workloads.register_releaser(release_handing_over)
+        # Each part that keeps files measures its own share of everyone's storage quota (sessions/storage/usage.py).
+        from sessions.notebooks import storage as notebook_storage
+        from sessions.render import storage as render_storage
+        from sessions.storage import usage
+
+        usage.register_measure(render_storage.measure_all)
+        usage.register_measure(notebook_storage.measure_all)

@@ -4,12 +4,14 @@ from sessions.gpus.models import Gpu, GpuHost, GpuInstance, SimulatedGpuInstance
 from sessions.metrics.models import GpuMinute
 from sessions.notebooks.models import NotebookImage, NotebookSession
 from sessions.render.models import RenderChunk, RenderFrame, RenderJob
+from sessions.storage.models import GroupStorageQuota, StorageQuota, StorageUse
 
 __all__ = [
     "Gpu",
     "GpuHost",
     "GpuInstance",
     "GpuMinute",
+    "GroupStorageQuota",
     "NotebookImage",
     "NotebookSession",
     "RenderChunk",
@@ -18,4 +20,6 @@ __all__ = [
     "SimulatedGpuInstance",
     "Slice",
     "SliceQuota",
+    "StorageQuota",
+    "StorageUse",
 ]

@@ -23,15 +23,21 @@ from sessions.gpus import workloads
 from sessions.gpus.holders import Holder
 from sessions.metrics.agent import latest_frames
 from sessions.metrics.frames import device_utilisation
-from sessions.notebooks import pricing
+from sessions.notebooks import pricing, storage
 from sessions.notebooks.forms import LaunchForm
 from sessions.notebooks.models import NotebookSession
 from sessions.notebooks.offers import offers, request_for
 from sessions.notebooks.services import Launch, LaunchRefused, start_session
+from sessions.storage import shown, usage
 
 PAGE = "sessions/session_list.html"
 EVERYONE = "sessions/all_sessions.html"
 LIVE_FOR_S = 10.0  # an agent's latest frame older than this is no longer "live"
+
+
+def _person(request: PortalRequest) -> User:
+    assert isinstance(request.user, User)
+    return request.user
 
 
 def _page(request: PortalRequest, form: LaunchForm | None = None, status: int = 200) -> HttpResponse:
@@ -42,9 +48,12 @@ def _page(request: PortalRequest, form: LaunchForm | None = None, status: int = 
         .select_related("slice__gpu__host", "image")
         .order_by("-requested_at")[:20]
     )
+    found = usage.usage_of(user)
     context: dict[str, object] = {
         "sessions": sessions,
         "changing": any(s.state in NotebookSession.CHANGING for s in sessions),
+        "storage": shown.section(found),
+        "storage_warning": storage.card_warning(found),
     }
     target = request.htmx.target if request.htmx else None
     if not can_launch(user):
@@ -68,7 +77,9 @@ def launch(request: PortalRequest) -> HttpResponse:
     if not can_launch(request.user):
         return _page(request, status=403)
     form = LaunchForm(request.POST, offers=offers(request.user if isinstance(request.user, User) else None))
-    if form.is_valid():
+    if form.is_valid() and (refusal := storage.launch_refusal(_person(request))):
+        form.add_error(None, refusal)  # nothing is allocated while the person's files fill their quota
+    elif form.is_valid():
         wanted = request_for(form.cleaned_data["offer"])
         assert wanted is not None and isinstance(request.user, User)
         launch = Launch(

@@ -4,10 +4,10 @@ Each chunk runs in the render sandbox (``sessions.runtime.render``): frames are 
 thumbnails, as Blender says it saved them; progress is pushed as its lines come. A chunk that fails is
 tried again, only for its frames not saved yet, on another slice where one is free: another of the job's
 slices, else a free slice of its offer taken in place of the one it failed on (released at once), else where
-it failed; its last attempt failing fails the job. A run that writes more than PORTAL_RENDER_MAX_OUTPUT_BYTES into its
-output folder (its own, below the job's ``frames``) is stopped and fails the job at once: the scene would
-only do it again. When no chunk is left for the slice, the slice is released at once, its holding ending
-with its last container.
+it failed; its last attempt failing fails the job. A run that writes more than PORTAL_RENDER_MAX_OUTPUT_BYTES
+into its output folder (its own, below the job's ``frames``), or more than is left of its owner's storage
+quota, is stopped and fails the job at once: the scene would only do it again. When no chunk is left for the
+slice, the slice is released at once, its holding ending with its last container.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from django.utils import timezone
 from sessions.gpus import holdings
 from sessions.gpus.holders import Holder
 from sessions.gpus.models import Slice
-from sessions.render import containers, files, progress, slices, thumbnails
+from sessions.render import containers, files, progress, slices, storage, thumbnails
 from sessions.render.models import RenderChunk, RenderFrame, RenderJob
 from sessions.render.services import (
     RUNNING,
@@ -170,20 +170,36 @@ def output_folder(job: RenderJob, chunk: RenderChunk) -> Path:
 
 
 def _run(claim: Claim) -> datetime | None:
-    """Render one chunk in the sandbox; returns its container's end moment."""
+    """Render one chunk in the sandbox, its output bound by what is left of its owner's storage quota (a person
+    whose quota is used up renders nothing: no container starts); returns its container's end moment. The job's
+    share of the quota is measured again after."""
     job, chunk, taken = claim.job, claim.chunk, claim.taken
     output = output_folder(job, chunk)
     files.make_private(output)
+    bound = storage.output_bound(job.owner_id)
+    watched = containers.Watched(may_start=lambda: _may_render(job.pk, chunk.pk, taken.pk))
+    watched.on_started = lambda at: _started(job.pk, chunk.pk, taken.pk, watched, at)
+    if bound.limit > 0:
+        outcome = _rendered(claim, output, watched, bound)
+    else:
+        outcome = Outcome(bound.exceeded(), "", {}, final=True)
+    if watched.finished_at is not None:
+        holdings.seen([taken.pk], at=watched.finished_at)  # it ran until then, whatever it printed last
+    if _chunk_ended(job.pk, chunk.pk, taken.pk, outcome) in (ChunkState.PENDING, ChunkState.FAILED):
+        _keep_only_frames(job, output)  # the attempt failed: what it wrote besides its frames is of no use
+    storage.measure_job(job)
+    return watched.finished_at
+
+
+def _rendered(claim: Claim, output: Path, watched: containers.Watched, bound: storage.OutputBound) -> Outcome:
+    """The chunk's run in the sandbox, its frames recorded as Blender saves them: how it went."""
+    job, chunk, taken = claim.job, claim.chunk, claim.taken
     how = render_settings(job, taken)
     written = Written(job, chunk, output, _most_pixels(job), how.preview_pixels**2)
     run = progress.ChunkRun(
         job, on_saved=lambda name: _frame_saved(written, name), on_preview=lambda n: _thumbnail_from_preview(written, n)
     )
-    watched = containers.Watched(may_start=lambda: _may_render(job.pk, chunk.pk, taken.pk))
-    watched.on_started = lambda at: _started(job.pk, chunk.pk, taken.pk, watched, at)
     alive = holdings.Heartbeat(taken.pk)  # each line Blender prints shows its container runs: the meter's proof
-    limit = settings.RENDER_MAX_OUTPUT_BYTES
-    outcome = Outcome(None, "", {})
     try:
         result = render(
             watched,
@@ -194,7 +210,7 @@ def _run(claim: Claim) -> datetime | None:
             how,
             wall_time_s=settings.RENDER_CHUNK_WALL_SECONDS,
             on_line=_and(alive, run.line),
-            output_limit=limit,
+            output_limit=bound.limit,
         )
         for frame, path in result.saved.items():
             _frame_saved(written, path.name, frame)
@@ -203,14 +219,11 @@ def _run(claim: Claim) -> datetime | None:
         _remove_previews(output)
         outcome = Outcome(result.failure, result.log.excerpt(), run.live())
         if result.exit.output_exceeded:
-            outcome = Outcome(_too_much_output(limit), outcome.excerpt, outcome.live, final=True)
+            why = bound.exceeded() if bound.by_quota else _too_much_output(bound.limit)
+            outcome = Outcome(why, outcome.excerpt, outcome.live, final=True)
     except (RuntimeError_, FileNotFoundError, ValueError) as error:
         outcome = Outcome(str(error), "", run.live())
-    if watched.finished_at is not None:
-        holdings.seen([taken.pk], at=watched.finished_at)  # it ran until then, whatever it printed last
-    if _chunk_ended(job.pk, chunk.pk, taken.pk, outcome) in (ChunkState.PENDING, ChunkState.FAILED):
-        _keep_only_frames(job, output)  # the attempt failed: what it wrote besides its frames is of no use
-    return watched.finished_at
+    return outcome
 
 
 def _and(first: Callable[..., None], then: Callable[[str, Event | None], None]) -> Callable[[str, Event | None], None]:

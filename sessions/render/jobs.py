@@ -20,7 +20,7 @@ from django.utils import timezone
 
 from portal.celery import send_on_commit
 from sessions.gpus.allocator import SliceRequest
-from sessions.render import files, scenefile
+from sessions.render import files, scenefile, storage
 from sessions.render.models import RenderJob, RenderUpload
 from sessions.render.scenefile import SceneRefused, ZipLimits, size_words
 from sessions.render.uploads import discard, remove_folder, stored_path
@@ -69,18 +69,20 @@ def create_job(owner: User, token: str, sha256: str, choices: JobChoices) -> Ren
                 "incomplete",
             )
         try:
-            blend_files = _first_look(upload, sha256, choices.main_file)
+            blend_files, unpacked = _first_look(upload, sha256, choices.main_file)
         except SceneRefused as refused:
             refusal = refused
         else:
-            return _recorded(owner, upload, blend_files, choices)
+            storage.check_unpacking(owner, upload, unpacked)  # refused: the upload is kept, to send again later
+            return _recorded(owner, upload, blend_files, unpacked, choices)
     discard(upload)
     raise refusal
 
 
-def _first_look(upload: RenderUpload, sha256: str, wanted: str) -> list[str]:
+def _first_look(upload: RenderUpload, sha256: str, wanted: str) -> tuple[list[str], int]:
     """The checks quick enough for a request: the hash, then the .blend's header or the zip's directory (at most
-    PORTAL_RENDER_MAX_ZIP_ENTRIES entries, their sizes and compression ratios). Returns the zip's .blend files."""
+    PORTAL_RENDER_MAX_ZIP_ENTRIES entries, their sizes and compression ratios). Returns the zip's .blend files and
+    what its entries hold unpacked (nothing for a .blend)."""
     if not hmac.compare_digest(upload.sha256, sha256.lower()):
         raise SceneRefused(
             f"What arrived of '{upload.name}' is not the file you chose (its SHA-256 differs: the file changed, or "
@@ -89,16 +91,18 @@ def _first_look(upload: RenderUpload, sha256: str, wanted: str) -> list[str]:
         )
     if upload.kind == "blend":
         scenefile.check_blend_header(stored_path(upload), upload.name)
-        return []
-    blends = scenefile.check_zip(stored_path(upload), zip_limits()).blend_files
-    if wanted and wanted not in blends:
-        raise SceneRefused(_not_in_zip(wanted, blends), "no_such_main")
-    return list(blends)
+        return [], 0
+    found = scenefile.check_zip(stored_path(upload), zip_limits())
+    if wanted and wanted not in found.blend_files:
+        raise SceneRefused(_not_in_zip(wanted, found.blend_files), "no_such_main")
+    return list(found.blend_files), found.unpacked_bytes
 
 
-def _recorded(owner: User, upload: RenderUpload, blend_files: list[str], choices: JobChoices) -> RenderJob:
-    """The job, in the upload's folder, waiting to be unpacked; the upload's row goes. Its task is sent once
-    this commits."""
+def _recorded(
+    owner: User, upload: RenderUpload, blend_files: list[str], unpacked: int, choices: JobChoices
+) -> RenderJob:
+    """The job, in the upload's folder, waiting to be unpacked; the upload's row goes, its share of the quota the
+    job's (with what its zip unpacks to). Its task is sent once this commits."""
     job = RenderJob(
         owner=owner,
         state=State.UNPACKING,
@@ -122,6 +126,7 @@ def _recorded(owner: User, upload: RenderUpload, blend_files: list[str], choices
     )
     job.save(force_insert=True)
     upload.delete()
+    storage.job_recorded(upload, job, unpacked)
     send_on_commit(UNPACK_JOB, job.pk, noted=lambda: unpack_sent(job.pk))
     return job
 
@@ -194,6 +199,7 @@ def remove_files(job: RenderJob) -> bool:
         return False
     job.files_removed_at = timezone.now()
     job.save(update_fields=["files_removed_at"])
+    storage.files_gone(job)
     return True
 
 

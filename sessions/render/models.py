@@ -87,10 +87,17 @@ class RenderJob(models.Model):
     chunk_size = models.PositiveIntegerField(default=1, help_text="Frames per chunk (one container run).")
     max_slices = models.PositiveSmallIntegerField(default=1, help_text="Slices the job may hold at once.")
     created_at = models.DateTimeField(default=timezone.now)
+    state_since = models.DateTimeField(
+        default=timezone.now,
+        help_text="When it took its last step: a job left waiting for its owner (uploaded, awaiting confirmation) "
+        "is cancelled PORTAL_RENDER_UNFINISHED_EXPIRY_HOURS after.",
+    )
     queued_at = models.DateTimeField(null=True, blank=True, help_text="When its owner confirmed the estimate.")
     started_at = models.DateTimeField(null=True, blank=True, help_text="When its first chunk began to render.")
     finished_at = models.DateTimeField(null=True, blank=True, help_text="When it was done, failed or cancelled.")
-    failure_message = models.TextField(blank=True, help_text="What its owner is told, in words.")
+    failure_message = models.TextField(
+        blank=True, help_text="What its owner is told, in words: why it failed, or why the portal cancelled it."
+    )
     estimate_sent_at = models.DateTimeField(
         null=True,
         blank=True,
@@ -169,15 +176,16 @@ class RenderJob(models.Model):
         if not self.may_move(to):
             raise self.BadStep(f"A job that is {self.get_state_display().lower()} cannot become {to.label.lower()}.")
         now = when or timezone.now()
-        changed = ["state"]
+        self.state_since = now
+        changed = ["state", "state_since"]
         if to == self.State.QUEUED and self.queued_at is None:
             self.queued_at = now
             changed.append("queued_at")
         if to == self.State.RENDERING and self.started_at is None:
             self.started_at = now
             changed.append("started_at")
-        if to in self.ENDED:
-            self.finished_at, self.failure_message = now, message if to == self.State.FAILED else ""
+        if to in self.ENDED:  # a cancel may say why too (one the portal made: an unfinished job expired)
+            self.finished_at, self.failure_message = now, message if to != self.State.DONE else ""
             changed += ["finished_at", "failure_message"]
         elif self.state == self.State.FAILED:  # queued again: no longer finished, nor failed
             self.finished_at, self.failure_message = None, ""

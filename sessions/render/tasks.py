@@ -32,8 +32,9 @@ def unpack_job(job_id: int) -> str:
 
 @shared_task
 def remove_expired_render_files() -> int:
-    """Hourly: ended jobs' files go PORTAL_RENDER_RETENTION_DAYS after they ended; records and charges stay."""
-    return retention.remove_expired_files()
+    """Hourly: ended jobs' files go PORTAL_RENDER_RETENTION_DAYS after they ended (records and charges stay), and
+    jobs left waiting for their owner PORTAL_RENDER_UNFINISHED_EXPIRY_HOURS are cancelled and lose theirs."""
+    return retention.remove_expired_files() + retention.expire_unfinished()
 
 
 @shared_task(bind=True, max_retries=PROBE_RETRIES)

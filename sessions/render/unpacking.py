@@ -19,7 +19,7 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from sessions.render import files, jobs, progress, scenefile, services
+from sessions.render import files, jobs, progress, scenefile, services, storage
 from sessions.render.models import RenderJob
 from sessions.render.scenefile import SceneRefused
 
@@ -87,7 +87,9 @@ def unpack(job_id: int) -> RenderJob:
         return _ended(job_id, f"The scene could not be unpacked on the portal's disk ({error.strerror or error}).")
     finally:
         cache.delete(progress_key(job_id))
-    return _finished(job)
+    finished = _finished(job)
+    storage.measure_job(finished)  # the zip gone, the scene unpacked: its share as it lies on disk now
+    return finished
 
 
 def _unpacked(job: RenderJob, run: Unpacking) -> None:

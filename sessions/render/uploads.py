@@ -26,7 +26,7 @@ from django.contrib.auth.models import User
 from django.db import transaction
 from django.utils import timezone
 
-from sessions.render import limits
+from sessions.render import limits, storage
 from sessions.render.files import make_private
 from sessions.render.limits import Refused
 from sessions.render.models import RenderUpload
@@ -72,8 +72,9 @@ def kind_of(name: str) -> str:
 
 
 def begin(owner: User, name: str, length: int) -> RenderUpload:
-    """A new upload of ``length`` bytes named ``name``, its empty file made in a new folder of its owner's;
-    Refused (in words) for a name that is no scene, a size past the limit, or a person at one of their limits."""
+    """A new upload of ``length`` bytes named ``name``, its empty file made in a new folder of its owner's and its
+    length counted toward their storage quota at once; Refused (in words) for a name that is no scene, a size past
+    the limit, a person at one of their limits, or an upload that would pass their quota."""
     kind = kind_of(name)
     if length > settings.RENDER_MAX_UPLOAD_BYTES:
         raise Refused(
@@ -89,12 +90,15 @@ def begin(owner: User, name: str, length: int) -> RenderUpload:
         length=length,
         sha256="" if length else hashlib.sha256().hexdigest(),  # an empty file is complete from the start
     )
-    _create(stored_path(upload))
-    try:
-        upload.save(force_insert=True)
-    except BaseException:
-        remove_folder(upload.folder_path())
-        raise
+    with transaction.atomic():  # the quota is checked and the upload reserved under the person's lock
+        storage.check_upload(owner, length)
+        _create(stored_path(upload))
+        try:
+            upload.save(force_insert=True)
+            storage.reserve_upload(upload)
+        except BaseException:
+            remove_folder(upload.folder_path())
+            raise
     return upload
 
 
@@ -159,9 +163,11 @@ def _write(upload: RenderUpload, part: Readable, size: int) -> None:
 
 
 def discard(upload: RenderUpload) -> None:
-    """Its owner cancelled it (or it expired): the folder and the row go."""
+    """Its owner cancelled it (or it expired): the folder, the row and its share of the quota go."""
     remove_folder(upload.folder_path())
-    RenderUpload.objects.filter(pk=upload.pk).delete()
+    with transaction.atomic():
+        RenderUpload.objects.filter(pk=upload.pk).delete()
+        storage.upload_gone(upload)
 
 
 def remove_expired(now: datetime | None = None) -> int:

@@ -12,7 +12,7 @@ from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.contrib.auth.models import User
-from django.http import FileResponse, HttpResponse, HttpResponseGone, StreamingHttpResponse
+from django.http import FileResponse, Http404, HttpResponse, HttpResponseGone, StreamingHttpResponse
 from django.http.response import HttpResponseBase
 from django.shortcuts import redirect, render
 from django.urls import reverse
@@ -27,10 +27,12 @@ from sessions.gpus import workloads
 from sessions.gpus.holders import Holder
 from sessions.notebooks import pricing
 from sessions.notebooks.offers import offers
-from sessions.render import jobs, progress, results, services, unpacking
+from sessions.render import jobs, progress, results, retention, services, unpacking, uploads
 from sessions.render.forms import JobFilterForm, MainFileForm, RenderJobForm
+from sessions.render.limits import Refused
 from sessions.render.models import RenderChunk, RenderJob
 from sessions.render.scenefile import SceneRefused
+from sessions.storage import shown, usage
 
 PAGE = "sessions/render_job_list.html"
 DETAIL = "sessions/render_job_detail.html"
@@ -67,6 +69,7 @@ def _page(request: PortalRequest, form: RenderJobForm | None = None, status: int
     }
     if is_operator(user):
         context["filters"] = JobFilterForm(request.GET or None)
+    context.update(_storage(user))
     if not can_launch(user):
         context["refusal"] = launch_refusal()
     else:
@@ -77,6 +80,36 @@ def _page(request: PortalRequest, form: RenderJobForm | None = None, status: int
     if target in ("render-upload", "render-jobs"):
         return render(request, f"{PAGE}#{target}", context, status=status)
     return render(request, PAGE, context, status=status)
+
+
+def _storage(user: User) -> dict[str, shown.Section]:
+    """The person's own storage: used of quota, what uses it, and how each render job or upload is removed."""
+    found = usage.usage_of(user)
+    return {"storage": shown.section(found, _removals(user, found))}
+
+
+def _removals(user: User, found: usage.Usage) -> dict[tuple[str, str], shown.Removal]:
+    """A job that has not ended is cancelled (before it is queued, that removes its files); an ended one's files
+    are removed; an upload on its way is discarded."""
+    kinds = usage.Kind
+    removals: dict[tuple[str, str], shown.Removal] = {}
+    job_ids = [int(item.key) for item in found.items if item.kind == kinds.RENDER_JOB and item.key.isdigit()]
+    for job in RenderJob.objects.filter(owner=user, pk__in=job_ids, files_removed_at__isnull=True):
+        if job.ended:
+            removal = shown.Removal(
+                reverse("render-job-remove-files", args=[job.pk]),
+                "Remove files",
+                f"Remove the files of {job.upload_name}: its scene and frames",
+            )
+        else:
+            address = reverse("render-job-cancel", args=[job.pk])
+            removal = shown.Removal(address, "Cancel", f"Free the storage of {job.upload_name}: cancel the job")
+        removals[(kinds.RENDER_JOB, str(job.pk))] = removal
+    for item in found.items:
+        if item.kind == kinds.UPLOAD:
+            address = reverse("render-upload-discard", args=[item.key])
+            removals[(item.kind, item.key)] = shown.Removal(address, "Discard", f"Discard the upload of {item.label}")
+    return removals
 
 
 def _listed(request: PortalRequest) -> list[RenderJob]:
@@ -112,7 +145,7 @@ def upload(request: PortalRequest) -> HttpResponse:
         try:
             job = jobs.create_job(user, data["upload"], data["sha256"], form.choices())
         except SceneRefused as refused:
-            if refused.code == "incomplete":
+            if refused.code in ("incomplete", "quota"):  # the upload is kept: the form names it again
                 form.add_error("upload", refused.message)
             else:
                 form.scene_refused(refused.message)
@@ -240,6 +273,36 @@ def requeue_failed(request: PortalRequest, job_id: int) -> HttpResponse:
         return _detail(request, job, status=409)
     messages.success(request, "The frames that are not done are queued again.")
     return redirect("render-job-detail", job.pk)
+
+
+@login_required
+@require_POST
+def remove_files(request: PortalRequest, job_id: int) -> HttpResponse:
+    """An ended job's files go now rather than at the end of its retention (its owner or an operator asks), to
+    make room in the owner's storage quota; its record and charges stay. A job that has not ended is cancelled
+    first."""
+    job = access.render_job_for(request.user, job_id, access.Action.REMOVE_FILES)
+    try:
+        removed = retention.remove_now(job.pk)
+    except RenderJob.BadStep as refused:
+        messages.error(request, str(refused))
+        return _detail(request, job, status=409)
+    if removed:
+        messages.info(request, f"The files of {job.upload_name} are removed; its record and charges are kept.")
+    return redirect("render-job-list")
+
+
+@login_required
+@require_POST
+def discard_upload(request: PortalRequest, token: str) -> HttpResponse:
+    """Its owner discards an upload on its way (as the tus client's DELETE does), and what it reserved is freed."""
+    try:
+        upload = uploads.find(_person(request), token)
+    except Refused as refused:
+        raise Http404(refused.message) from None
+    uploads.discard(upload)
+    messages.info(request, f"The upload of {upload.name} is discarded.")
+    return redirect("render-job-list")
 
 
 # Results: each looks the frame up by job and number; the file is the one its row names. Once the job's

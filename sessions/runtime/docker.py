@@ -106,6 +106,19 @@ class DockerRuntime:
     def run_briefly(self, image: str, command: list[str], user: str, volumes: dict[str, dict[str, str]]) -> int:
         """Run a short chore of ours in a container of this portal with no network, no device, no capability,
         a read-only root and only ``volumes`` mounted; its exit status once it ended (it is then removed)."""
+        return self.run_chore(image, command, user, volumes)[0]
+
+    def run_chore(
+        self,
+        image: str,
+        command: list[str],
+        user: str,
+        volumes: dict[str, dict[str, str]],
+        capabilities: tuple[str, ...] = (),
+        timeout: float = 120,
+    ) -> tuple[int, str]:
+        """``run_briefly``, with ``capabilities`` given back (a chore that reads what others' files hide needs
+        DAC_READ_SEARCH) and what it printed; it is killed and removed past ``timeout`` seconds."""
         options = {
             "image": image,
             "command": command,
@@ -117,17 +130,39 @@ class DockerRuntime:
             "pids_limit": 64,
             "mem_limit": 256 * 1024**2,
             **{key: list(value) for key, value in HARDENING.items()},
+            "cap_add": list(capabilities),
         }
         container_id = None
         try:
             container_id = str(self.client.containers.create(**options).id)
             self.client.containers.get(container_id).start()
-            return self.wait(container_id, timeout=120)
+            status = self.wait(container_id, timeout=timeout)
+            return status, bytes(self.client.containers.get(container_id).logs(stderr=False)).decode(errors="replace")
         except (DockerException, OSError) as error:  # the SDK's timeouts are OSErrors
             raise RuntimeError_(f"running {command[0]} in a container of {image} failed: {error}") from None
         finally:
             if container_id is not None:
                 self.remove(container_id)
+
+    def volume_names(self) -> set[str]:
+        """The names of every volume the engine has (a name mounted that is not among them would be made)."""
+        try:
+            return {str(volume.name) for volume in self.client.volumes.list()}
+        except DockerException as error:
+            raise RuntimeError_(f"listing the engine's volumes failed: {error}") from None
+
+    def session_layers(self) -> dict[int, int]:
+        """What each notebook session's container wrote outside its volumes (its writable layer, the engine's
+        SizeRw), by its session's number; the engine walks each layer to tell."""
+        try:
+            found = self.client.api.containers(all=True, size=True, filters=ours(f"{LABEL_PREFIX}.session"))
+        except DockerException as error:
+            raise RuntimeError_(f"reading the notebook containers' sizes failed: {error}") from None
+        layers: dict[int, int] = {}
+        for container in found:
+            session = int(container["Labels"][f"{LABEL_PREFIX}.session"])
+            layers[session] = layers.get(session, 0) + int(container.get("SizeRw") or 0)
+        return layers
 
     def output_lines(self, container_id: str, longest: int = 64 * 1024) -> Iterator[str]:
         """What a container prints, stdout and stderr as they interleave, line by line as it comes, until

@@ -1,6 +1,7 @@
 """What a refused render action could leave behind, taken in one look: the files under the render folder,
-the render jobs and their states, the uploads not yet jobs, the slices not released, and (where the test has
-the Docker engine) this portal's render containers. Bad input must leave every one of them as it found them:
+the render jobs and their states, the uploads not yet jobs, what counts toward people's storage quotas, the
+slices not released, and (where the test has the Docker engine) this portal's render containers. Bad input
+must leave every one of them as it found them:
 
     before = traces(render_dir)
     ... the bad upload, the other person's request, the cancel of a finished job ...
@@ -17,6 +18,7 @@ from sessions.render.models import RenderJob, RenderUpload
 from sessions.runtime.docker import DockerRuntime
 from sessions.runtime.render import PURPOSE_LABEL
 from sessions.runtime.spec import LABEL_PREFIX
+from sessions.storage.models import StorageUse
 
 
 @dataclass(frozen=True)
@@ -24,6 +26,7 @@ class Traces:
     files: tuple[str, ...]  # everything under the render folder, relative to it
     jobs: tuple[tuple[int, str], ...]  # every render job and its state
     uploads: tuple[str, ...]  # every upload not (yet) a job
+    storage: tuple[tuple[str, str, int], ...]  # what counts toward a quota: each thing's kind, key and bytes
     held_slices: tuple[tuple[int, str], ...]  # every slice not released, with its holder
     containers: tuple[str, ...] | None  # this portal's render containers, running or not; None: not looked
 
@@ -48,6 +51,7 @@ def traces(render_dir: Path, docker: bool = False) -> Traces:
         files=tuple(sorted(str(path.relative_to(render_dir)) for path in render_dir.rglob("*"))),
         jobs=tuple(RenderJob.objects.order_by("pk").values_list("pk", "state")),
         uploads=tuple(RenderUpload.objects.order_by("pk").values_list("name", flat=True)),
+        storage=tuple(StorageUse.objects.order_by("kind", "key").values_list("kind", "key", "bytes")),
         held_slices=tuple((taken.pk, str(taken.holder)) for taken in held),
         containers=render_containers() if docker else None,
     )
@@ -55,7 +59,7 @@ def traces(render_dir: Path, docker: bool = False) -> Traces:
 
 def nothing(docker: bool = False) -> Traces:
     """A render folder, a job table, a fleet and an engine with nothing of render jobs in them."""
-    return Traces(files=(), jobs=(), uploads=(), held_slices=(), containers=() if docker else None)
+    return Traces(files=(), jobs=(), uploads=(), storage=(), held_slices=(), containers=() if docker else None)
 
 
 def assert_left_as_found(before: Traces, render_dir: Path) -> None:

@@ -211,5 +211,5 @@ def test_a_job_whose_estimate_fails_keeps_its_row_and_words_but_not_its_scene(
     assert job.failure_message == "No slice was free for the estimate: every H200 slice is taken"
     # It can never render (re-queueing needs rendered frames): nothing of it stays on disk or allocated.
     assert traces(render_dir) == Traces(
-        files=(), jobs=((job.pk, State.FAILED),), uploads=(), held_slices=(), containers=None
+        files=(), jobs=((job.pk, State.FAILED),), uploads=(), storage=(), held_slices=(), containers=None
     )
