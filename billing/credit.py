@@ -193,14 +193,23 @@ def launch_refusal(owner: User, per_minute: Decimal | None, spot: bool) -> str |
     )
 
 
-def commitment_refusal(owner: User, cost: Decimal, what: str) -> str | None:
-    """Why ``owner`` may not commit to ``cost`` (a render job's whole estimate): the balance must cover it and
-    PORTAL_BILLING_MIN_MINUTES of what already runs. None when it does, or when that setting is 0 (nothing is
-    refused for credit)."""
+def start_refusal(owner: User, per_minute: Decimal | None, spot: bool) -> str | None:
+    """The gate's question for any workload's slice: nothing starts while the person's credit has run out (an
+    open zero-balance warning), nor without PORTAL_BILLING_MIN_MINUTES of it covered (``launch_refusal``).
+    None when it may, or when that setting is 0 (nothing is refused for credit)."""
     if not settings.BILLING_MIN_MINUTES:
         return None
     if open_stop(owner) is not None:
         return RAN_OUT
+    return launch_refusal(owner, per_minute, spot)
+
+
+def commitment_refusal(owner: User, cost: Decimal, what: str) -> str | None:
+    """Why ``owner`` may not commit to ``cost`` (a render job's whole estimate): the balance must cover it and
+    PORTAL_BILLING_MIN_MINUTES of what already runs. None when it does, or when that setting is 0."""
+    refusal = start_refusal(owner, None, spot=False)  # credit run out, or checks off (no rate: no minimum here)
+    if refusal or not settings.BILLING_MIN_MINUTES:
+        return refusal
     current = wallet(owner)
     need = cost + current.burn_per_hour * settings.BILLING_MIN_MINUTES / HOUR
     if current.balance >= need:

@@ -15,7 +15,6 @@ from collections.abc import Sequence
 from datetime import timedelta
 from decimal import Decimal
 
-from django.conf import settings
 from django.contrib.auth.models import User
 from django.db.models import Min
 
@@ -126,10 +125,8 @@ class CreditGate:
     """Billing's gate for every slice any workload takes, and every cost one commits to."""
 
     def refusal(self, owner: User, request: SliceRequest, holder: Holder) -> str | None:
-        if settings.BILLING_MIN_MINUTES and credit.open_stop(owner) is not None:  # 0: nothing refused for credit
-            return credit.RAN_OUT
         spot = request.market == Market.SPOT
-        return credit.launch_refusal(owner, per_minute(request, Market.SPOT if spot else Market.ON_DEMAND), spot)
+        return credit.start_refusal(owner, per_minute(request, Market.SPOT if spot else Market.ON_DEMAND), spot)
 
     def commitment_refusal(self, owner: User, cost: Decimal, what: str) -> str | None:
         return credit.commitment_refusal(owner, cost, what)

@@ -237,22 +237,15 @@ def _run_sql(slice_id: int | None, wait: bool) -> Outcome:
         if not locked:
             return Outcome(skipped=True)
         params = {"now": clock.stopped() or now, "slice": slice_id}
-        one = "AND {}.id = %(slice)s" if slice_id is not None else ""
-        cursor.execute(OPEN_USAGES.format(**T, places=money.AMOUNT_PLACES, slice_filter=one.format("s")), params)
+        slice_filter = "AND s.id = %(slice)s" if slice_id is not None else ""
+        cursor.execute(OPEN_USAGES.format(**T, places=money.AMOUNT_PLACES, slice_filter=slice_filter), params)
         opened = cursor.fetchone()[0]
         cursor.execute(PORTAL_ACCOUNTS_SQL.format(**T), [[str(kind) for kind in PORTAL_ACCOUNTS]])
         usage_filter = "AND u.slice_id = %(slice)s" if slice_id is not None else ""
         cursor.execute(CHARGE.format(**T, usage_filter=usage_filter), params)
         minutes, transactions, amount, _, over = cursor.fetchone()
-    settled = [_settle(usage_id) for usage_id in over]
-    return Outcome(
-        usages_opened=opened,
-        minutes=minutes,
-        transactions=transactions,
-        amount=Decimal(amount),
-        settled=len(settled),
-        given_back=sum(settled, Decimal(0)),
-    )
+    settled, given_back = _settle_all(over)
+    return Outcome(False, opened, minutes, transactions, Decimal(amount), settled, given_back)
 
 
 # SQLite: the same rule, one usage at a time; its writes are serialised by the database file's lock.
@@ -284,15 +277,8 @@ def _run_python(slice_id: int | None) -> Outcome:
         if charged:
             minutes, transactions, amount = minutes + charged[0], transactions + 1, amount + charged[1]
     _add_to_totals(billed)
-    settled = [_settle(usage_id) for usage_id in over]
-    return Outcome(
-        usages_opened=opened,
-        minutes=minutes,
-        transactions=transactions,
-        amount=amount,
-        settled=len(settled),
-        given_back=sum(settled, Decimal(0)),
-    )
+    settled, given_back = _settle_all(over)
+    return Outcome(False, opened, minutes, transactions, amount, settled, given_back)
 
 
 def _add_to_totals(billed: dict[tuple[str, str, str], tuple[int, Decimal]]) -> None:
@@ -393,6 +379,12 @@ def _post_entries(posted: LedgerTransaction, owner_id: int, by_market: dict[str,
 
 
 # Settling a usage charged past its end: rare, one usage at a time on both databases.
+
+
+def _settle_all(usage_ids: list[int]) -> tuple[int, Decimal]:
+    """Settle each of these usages to its end; how many, and what was given back."""
+    given_back = [_settle(usage_id) for usage_id in usage_ids]
+    return len(given_back), sum(given_back, Decimal(0))
 
 
 def _settle(usage_id: int) -> Decimal:
