@@ -257,7 +257,7 @@ def spent_by_person(month: date, users: list[int] | None = None) -> dict[int, De
     if users is not None:
         entries = entries.filter(account__user_id__in=users)
     rows = entries.values("account__user_id").annotate(total=Sum("amount"))
-    return {row["account__user_id"]: -row["total"] for row in rows}
+    return {row["account__user_id"]: -money.exact(row["total"]) for row in rows}
 
 
 def spent(budget: Budget, month: date) -> Decimal:
@@ -444,7 +444,7 @@ def _balances(users: set[int]) -> dict[int, Decimal]:
         .values("account__user_id")
         .annotate(total=Sum("amount"))
     )
-    return {row["account__user_id"]: row["total"] for row in rows}
+    return {row["account__user_id"]: money.exact(row["total"]) for row in rows}
 
 
 def _warn(user_id: int, now: datetime) -> int:

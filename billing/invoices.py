@@ -129,8 +129,9 @@ def _lines(user: User, until: datetime) -> list[InvoiceLine]:
 
 
 def _wallet_sum(entries: Q) -> Decimal:
-    total = Entry.objects.filter(entries, account__kind=Account.Kind.WALLET).aggregate(total=Sum("amount"))["total"]
-    return total if total is not None else Decimal(0)
+    return money.exact(
+        Entry.objects.filter(entries, account__kind=Account.Kind.WALLET).aggregate(total=Sum("amount"))["total"]
+    )
 
 
 def credit_posted(user: User, until: datetime, since: datetime | None = None) -> Decimal:
@@ -147,7 +148,7 @@ def _credit(user: User, since: datetime, until: datetime, lines: list[InvoiceLin
     invoice (their closing balance), credit added is the month's, and credit covers the charges once any debt
     carried in is paid (minutes given back count as credit here, never as a charge)."""
     earlier = Invoice.objects.filter(user=user, month__lt=since.date()).aggregate(total=Sum("total"))["total"]
-    opening = credit_posted(user, since) - (earlier or Decimal(0))
+    opening = credit_posted(user, since) - money.exact(earlier)
     added = credit_posted(user, until, since=since)
     charges = sum((line.amount for line in lines if line.amount > 0), Decimal(0))
     given_back = -sum((line.amount for line in lines if line.amount < 0), Decimal(0))

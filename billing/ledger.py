@@ -139,8 +139,9 @@ def balance(user: User) -> Decimal:
 
 
 def account_balance(kind: str, user: User | None = None) -> Decimal:
-    total = Entry.objects.filter(account__kind=kind, account__user=user).aggregate(total=Sum("amount"))["total"]
-    return total if total is not None else Decimal(0)
+    return money.exact(
+        Entry.objects.filter(account__kind=kind, account__user=user).aggregate(total=Sum("amount"))["total"]
+    )
 
 
 def _staff_only(by: User) -> None:

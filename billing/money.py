@@ -32,6 +32,16 @@ def per_minute(per_hour: Decimal, shares: int = 1) -> Decimal:
     return (per_hour / (MINUTES_PER_HOUR * shares)).quantize(AMOUNT_QUANTUM, rounding=ROUND_HALF_UP)
 
 
+def exact(amount: Decimal | float | None) -> Decimal:
+    """A sum of ledger amounts as a database gave it, exact again at six decimals. Every amount is a whole number
+    of millionths, so their sum is too; but SQLite adds decimals as binary floats (fifteen significant digits:
+    -0.97537 came back as -0.975369999999999) and PostgreSQL's sum of products carries more places. Rounding to
+    millionths gives the exact sum back. None (a sum of nothing) is zero."""
+    if amount is None:
+        return Decimal(0)
+    return Decimal(amount).quantize(AMOUNT_QUANTUM, rounding=ROUND_HALF_UP)
+
+
 def decimals(amount: Decimal) -> int:
     """How many decimals an amount is written with (``8.50`` has two, ``8.5`` one)."""
     exponent = amount.as_tuple().exponent

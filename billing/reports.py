@@ -155,14 +155,9 @@ def billed(scope: Scope, keys: Sequence[str] = ()) -> list[dict[str, Any]]:
             per[()][0] += rows["minutes"] or 0
             per[()][1] += rows["amount"] or Decimal(0)
     return [
-        {**dict(zip(keys, key, strict=True)), "minutes": int(minutes), "amount": _exact(amount)}
+        {**dict(zip(keys, key, strict=True)), "minutes": int(minutes), "amount": money.exact(amount)}
         for key, (minutes, amount) in per.items()
     ]
-
-
-def _exact(amount: Decimal) -> Decimal:
-    """A sum of six-decimal amounts, written with six (PostgreSQL's sum of products carries more)."""
-    return Decimal(amount).quantize(money.AMOUNT_QUANTUM)
 
 
 def total(scope: Scope) -> dict[str, Any]:
@@ -218,7 +213,7 @@ def idle_spend(scope: Scope, keys: Sequence[str] = ("user", "username")) -> list
 
 
 def _figures(row: dict[str, Any]) -> dict[str, Any]:
-    return {"minutes": row["idle_minutes"], "amount": _exact(row["idle_amount"])}
+    return {"minutes": row["idle_minutes"], "amount": money.exact(row["idle_amount"])}
 
 
 def idle_total(scope: Scope) -> dict[str, Any]:
@@ -278,5 +273,6 @@ def negative_balances() -> list[dict[str, Any]]:
         .order_by("balance")
     )
     return [
-        {"user": r["account__user_id"], "username": r["account__user__username"], "balance": r["balance"]} for r in rows
+        {"user": r["account__user_id"], "username": r["account__user__username"], "balance": money.exact(r["balance"])}
+        for r in rows
     ]

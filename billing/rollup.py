@@ -19,6 +19,7 @@ from django.conf import settings
 from django.db import transaction
 from django.db.models import Q, Sum
 
+from billing import money
 from billing.models import ChargedMinute, Usage, UsageDay
 from portal.clock import database_now
 
@@ -105,7 +106,7 @@ def charged_by_day(first: date, last: date) -> dict[date, tuple[int, Decimal]]:
     )
     for row in folded:
         totals[row["day"]][0] += row["minutes"]
-        totals[row["day"]][1] += row["amount"]
+        totals[row["day"]][1] += money.exact(row["amount"])
     since = datetime.combine(first, time(), UTC)
     until = datetime.combine(last + DAY, time(), UTC)
     recent = Usage.objects.filter(Q(open=True) | Q(open=False, folded=False), started__lt=until).exclude(

@@ -221,7 +221,7 @@ def _days(usages: QuerySet[Usage], rows: list[HistoryRow]) -> list[tuple[Day, st
         .order_by()
     )
     for found in charged:
-        by_day[found["day"]] += found["amount"] or Decimal(0)
+        by_day[found["day"]] += money.exact(found["amount"])
     for row in rows:
         if not row.charged:
             by_day[row.started.astimezone(UTC).date()] += row.cost

@@ -16,7 +16,7 @@ import pytest
 from django.contrib.auth.models import User
 from django.db.models import F, Sum
 
-from billing import seeds
+from billing import money, seeds
 from billing.models import Entry, Price, Usage
 from portal.clock import database_now
 from sessions.gpus import holdings
@@ -84,8 +84,7 @@ def end_holding(held: Slice, after: timedelta) -> datetime:
 
 
 def ledger_total() -> Decimal:
-    total = Entry.objects.aggregate(total=Sum("amount"))["total"]
-    return total if total is not None else Decimal(0)
+    return money.exact(Entry.objects.aggregate(total=Sum("amount"))["total"])
 
 
 def unbalanced_transactions() -> list[int]:

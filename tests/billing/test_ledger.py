@@ -119,3 +119,16 @@ def test_an_entry_refuses_a_second_save_and_a_delete_on_every_database(alice: Us
     with pytest.raises(ValidationError):
         entry.delete()
     assert connection.vendor in ("postgresql", "sqlite")
+
+
+def test_a_balance_is_exact_to_the_millionth_whatever_the_database_adds_with(alice: User, staff: User) -> None:
+    """SQLite adds decimals as binary floats: 6.20 of credit less these 6.277205 of minutes came back as
+    -0.0772049999999997, and a balance that should be zero could read as a hair below it (the money's property
+    test found one on a fresh clone: -0.975369999999999 for -0.97537)."""
+    ledger.grant_credit(alice, "6.20", by=staff, reason="course")
+    revenue = ledger.portal_account(Account.Kind.REVENUE_ON_DEMAND)
+    for amount in map(Decimal, ("0.299538", "0.023484", "3.258341", "2.695842")):
+        lines = [(ledger.wallet(alice), -amount), (revenue, amount)]
+        ledger.post(LedgerTransaction.Kind.USAGE, lines, memo="per-minute charges", user=alice)
+    assert ledger.balance(alice) == Decimal("-0.077205")
+    assert str(ledger.balance(alice)) == "-0.077205"

@@ -152,7 +152,7 @@ class Books:
             days={row["usage_id"]: row["minutes"] for row in days},
             prices=list(Price.objects.filter(model_name__in=[key.model_name for key in KEYS.values()])),
             unbalanced=[row["transaction_id"] for row in sums],
-            ledger_total=Entry.objects.aggregate(total=Sum("amount"))["total"] or Decimal(0),
+            ledger_total=money.exact(Entry.objects.aggregate(total=Sum("amount"))["total"]),
             balances=_by_user(wallets),
             charges=_by_user(wallets.filter(transaction__kind__in=CHARGES)),
             credits=list(
@@ -176,10 +176,8 @@ class Books:
 
 
 def _by_user(entries: Any) -> dict[int, Decimal]:
-    return {
-        row["account__user_id"]: row["total"]
-        for row in entries.values("account__user_id").annotate(total=Sum("amount"))
-    }
+    rows = entries.values("account__user_id").annotate(total=Sum("amount"))
+    return {row["account__user_id"]: money.exact(row["total"]) for row in rows}
 
 
 class Money(RuleBasedStateMachine):
