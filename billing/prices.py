@@ -130,7 +130,7 @@ def check_moment(key: PriceKey, effective_from: datetime) -> None:
     key was allocated since then (up to the next price): its frozen rate would no longer be the one quoted."""
     if _of(key).filter(effective_from=effective_from).exists():
         raise ValidationError("A price of this kind already starts at that moment.", code="duplicate")
-    if effective_from < database_now():
+    if effective_from <= database_now():  # a slice allocated this very moment was quoted the price in force now
         repriced = _holdings_repriced(key, effective_from)
         if repriced:
             raise ValidationError(

@@ -12,6 +12,7 @@ from django.core.exceptions import ValidationError
 from billing import money, prices
 from billing.models import Market, Price
 from billing.prices import PriceKey, add_price, in_force
+from portal import clock
 from portal.clock import database_now
 from sessions.gpus import catalog
 from sessions.gpus.allocator import allocate, release
@@ -112,6 +113,22 @@ def test_a_price_from_the_past_is_refused_while_a_slice_of_its_kind_allocated_si
     assert refused.value.code == "reprices" and "were allocated since" in refused.value.messages[0]
     assert add_price(A100_WHOLE, "20", database_now() + timedelta(seconds=1), by=staff).per_hour == Decimal(20)
     release(starting.pk)
+
+
+def test_a_price_from_the_very_moment_a_slice_was_allocated_is_refused(fleet: object, alice: User, staff: User) -> None:
+    """Found by the property test: with the clock still on the moment of an allocation, a price "from now" would
+    have been in force at it, and repriced what the launch had just quoted."""
+    now = database_now()
+    clock.stop_at(now)
+    try:
+        starting = allocate(alice, A100, holder=Holder.notebook(4243))
+        with pytest.raises(ValidationError) as refused:
+            add_price(A100_WHOLE, "20", now, by=staff)
+        assert refused.value.code == "reprices"
+        assert add_price(A100_WHOLE, "20", now + timedelta(microseconds=1), by=staff).per_hour == Decimal(20)
+        release(starting.pk)
+    finally:
+        clock.stop_at(None)
 
 
 def test_a_price_is_never_changed_in_place(fleet: object) -> None:
