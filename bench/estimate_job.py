@@ -13,7 +13,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import secrets
 import shutil
 import sys
 import time
@@ -27,34 +26,12 @@ django.setup()
 
 from django.contrib.auth.models import User  # noqa: E402
 
-from bench.render_job import MIG_OFFER, workers_answer  # noqa: E402
+from bench.render_job import new_job, workers_answer  # noqa: E402
 from sessions.notebooks import pricing  # noqa: E402
 from sessions.render import progress, services  # noqa: E402
 from sessions.render.models import RenderChunk, RenderFrame, RenderJob  # noqa: E402
 
 TIMEOUT_S = 900
-
-
-def new_job(owner: User, scene: Path, frames: list[int], chunk_size: int, slices: int, samples: int) -> RenderJob:
-    job = RenderJob(
-        owner=owner,
-        state=RenderJob.State.VALIDATED,
-        upload_name=scene.name,
-        folder=f"bench/{secrets.token_hex(8)}",
-        main_file="scene.blend",
-        frame_spec=f"{frames[0]}-{frames[-1]}",
-        frames=frames,
-        frame_count=len(frames),
-        resolution_percent=100,
-        samples=samples,
-        chunk_size=chunk_size,
-        max_slices=slices,
-        **MIG_OFFER,
-    )
-    job.scene_path().mkdir(parents=True)
-    shutil.copy(scene, job.scene_path() / "scene.blend")
-    job.save(force_insert=True)
-    return job
 
 
 def until(job: RenderJob, done: Any, what: str) -> None:
@@ -87,7 +64,9 @@ def main(argv: list[str]) -> int:
     scene, count, chunk_size, slices, samples = Path(argv[0]), int(argv[1]), int(argv[2]), int(argv[3]), int(argv[4])
     workers_answer(argv[5:])
     owner, _ = User.objects.get_or_create(username="bench-estimate")
-    job = new_job(owner, scene, list(range(1, count + 1)), chunk_size, slices, samples)
+    job = new_job(
+        owner, scene, list(range(1, count + 1)), chunk_size, slices, RenderJob.State.VALIDATED, samples=samples
+    )
     probe_began = time.time()
     services.request_estimate(job.pk)
     until(job, lambda j: j.state != RenderJob.State.ESTIMATING, "the estimate")

@@ -18,6 +18,7 @@ import sys
 import time
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 import django
 
@@ -44,10 +45,19 @@ def workers_answer(names: list[str]) -> None:
     raise SystemExit(f"the Celery workers {names} did not answer within 60 s")
 
 
-def new_job(owner: User, scene: Path, frames: list[int], chunk_size: int, slices: int) -> RenderJob:
+def new_job(
+    owner: User,
+    scene: Path,
+    frames: list[int],
+    chunk_size: int,
+    slices: int,
+    state: str = RenderJob.State.AWAITING_CONFIRMATION,
+    **fields: Any,
+) -> RenderJob:
+    """A job as the upload page leaves it (awaiting confirmation unless ``state`` says), its scene copied in."""
     job = RenderJob(
         owner=owner,
-        state=RenderJob.State.AWAITING_CONFIRMATION,
+        state=state,
         upload_name=scene.name,
         folder=f"bench/{secrets.token_hex(8)}",
         main_file="scene.blend",
@@ -58,6 +68,7 @@ def new_job(owner: User, scene: Path, frames: list[int], chunk_size: int, slices
         chunk_size=chunk_size,
         max_slices=slices,
         **MIG_OFFER,
+        **fields,
     )
     job.scene_path().mkdir(parents=True)
     shutil.copy(scene, job.scene_path() / "scene.blend")
