@@ -66,8 +66,8 @@ def test_a_session_runs_jupyterlab_on_its_own_slice_and_stops_cleanly(
     assert labels["gpu-portal.instance"] == settings.INSTANCE_ID and labels["gpu-portal.session"] == str(session.pk)
     assert {f"CPU_LIMIT={limits.cpus}", f"MEM_LIMIT={limits.memory_bytes}"} <= set(attrs["Config"]["Env"])
 
+    wait_for(lambda: Hub().servers("alice")["lab-1"].ready, 10, "the hub to mark the server ready")
     status = Hub().servers("alice")["lab-1"]
-    assert status.ready
     answer = requests.get(f"{hub}{status.url}api", timeout=10, allow_redirects=False)
     assert answer.status_code in (200, 302)  # JupyterLab answers through the proxy (a login redirect without SSO)
 
@@ -85,6 +85,8 @@ def test_a_session_runs_jupyterlab_on_its_own_slice_and_stops_cleanly(
 def run_one(alice: User, image: NotebookImage, name: str) -> NotebookSession:
     session = start_session(alice, Launch(SliceRequest("mig", "1g.18gb"), image.pk, name))
     wait_for(lambda: state_of(session) == NotebookSession.State.RUNNING, 120, "the session to run")
+    # The spawner tells the portal before it returns to the hub, which then routes the server and marks it ready.
+    wait_for(lambda: Hub().servers(alice.username)[name].ready, 10, "the hub to mark the server ready")
     return session
 
 
