@@ -24,9 +24,8 @@ import django
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "portal.settings")
 django.setup()
 
-from django.contrib.auth.models import User  # noqa: E402
 
-from bench.render_job import new_job, workers_answer  # noqa: E402
+from bench.render_job import bench_user, new_job, workers_answer  # noqa: E402
 from sessions.notebooks import pricing  # noqa: E402
 from sessions.render import progress, services  # noqa: E402
 from sessions.render.models import RenderChunk, RenderFrame, RenderJob  # noqa: E402
@@ -63,7 +62,7 @@ def holdings(job: RenderJob, probe_slice: int) -> list[dict[str, Any]]:
 def main(argv: list[str]) -> int:
     scene, count, chunk_size, slices, samples = Path(argv[0]), int(argv[1]), int(argv[2]), int(argv[3]), int(argv[4])
     workers_answer(argv[5:])
-    owner, _ = User.objects.get_or_create(username="bench-estimate")
+    owner = bench_user("bench-estimate")
     job = new_job(
         owner, scene, list(range(1, count + 1)), chunk_size, slices, RenderJob.State.VALIDATED, samples=samples
     )

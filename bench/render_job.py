@@ -25,8 +25,9 @@ import django
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "portal.settings")
 django.setup()
 
-from django.contrib.auth.models import User  # noqa: E402
+from django.contrib.auth.models import Group, User  # noqa: E402
 
+from portal import roles  # noqa: E402
 from portal.celery import app  # noqa: E402
 from sessions.render import services  # noqa: E402
 from sessions.render.models import RenderChunk, RenderFrame, RenderJob  # noqa: E402
@@ -43,6 +44,13 @@ def workers_answer(names: list[str]) -> None:
             return
         time.sleep(0.5)
     raise SystemExit(f"the Celery workers {names} did not answer within 60 s")
+
+
+def bench_user(username: str) -> User:
+    """The benchmark's person, in the group that may start render jobs (confirm asks, as for anyone)."""
+    owner, _ = User.objects.get_or_create(username=username)
+    owner.groups.add(Group.objects.get_or_create(name=roles.USERS)[0])
+    return owner
 
 
 def new_job(
@@ -83,7 +91,7 @@ def stamp(moment: datetime | None) -> float | None:
 def main(argv: list[str]) -> int:
     scene, count, chunk_size, slices, workers = Path(argv[0]), int(argv[1]), int(argv[2]), int(argv[3]), argv[4:]
     workers_answer(workers)
-    owner, _ = User.objects.get_or_create(username="bench-render")
+    owner = bench_user("bench-render")
     frames = list(range(1, count + 1))
     job = new_job(owner, scene, frames, chunk_size, slices)
     clicked = time.time()
