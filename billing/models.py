@@ -40,7 +40,29 @@ class Market(models.TextChoices):
     SPOT = "spot", "Spot"
 
 
-class Price(models.Model):
+class AppendOnly(models.Model):
+    """A record written once: changing it is refused with ``never_changed``, deleting it with ``never_deleted``
+    (None: it may be deleted, as a price nothing was billed by). PostgreSQL's triggers refuse the same for the
+    ledger, invoices and group changes (migrations 0003, 0007, 0008, 0011); SQLite has only this."""
+
+    never_changed = "This record is written once and never changed."
+    never_deleted: str | None = "This record is written once and never deleted."
+
+    class Meta:
+        abstract = True
+
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        if self.pk is not None:
+            raise ValidationError(self.never_changed)
+        super().save(*args, **kwargs)
+
+    def delete(self, *args: Any, **kwargs: Any) -> tuple[int, dict[str, int]]:
+        if self.never_deleted is not None:
+            raise ValidationError(self.never_deleted)
+        return super().delete(*args, **kwargs)
+
+
+class Price(AppendOnly):
     """An hourly rate for one GPU model, kind and market, from ``effective_from`` until the next one."""
 
     model_name = models.CharField(max_length=64, help_text="Catalog model, e.g. A100-SXM4-80GB.")
@@ -77,9 +99,10 @@ class Price(models.Model):
             f"{self.model_name} {self.label} {self.get_market_display()}: {self.per_hour}/h from {self.effective_from}"
         )
 
+    never_changed = "A price is never changed; add a new one from a later moment."
+    never_deleted = None  # until a usage froze it (PROTECT)
+
     def save(self, *args: Any, **kwargs: Any) -> None:
-        if self.pk is not None:
-            raise ValidationError("A price is never changed; add a new one from a later moment.")
         self.per_minute = money.per_minute(self.per_hour)
         super().save(*args, **kwargs)
 
@@ -225,7 +248,7 @@ class LedgerTransaction(models.Model):
         return f"{self.get_kind_display()} #{self.pk} at {self.posted_at}"
 
 
-class Entry(models.Model):
+class Entry(AppendOnly):
     """One line of a ledger transaction: an amount added to an account's balance (negative: taken off)."""
 
     transaction = models.ForeignKey(LedgerTransaction, on_delete=models.PROTECT, related_name="entries")
@@ -239,13 +262,7 @@ class Entry(models.Model):
     def __str__(self) -> str:
         return f"{self.amount} to {self.account}"
 
-    def save(self, *args: Any, **kwargs: Any) -> None:
-        if self.pk is not None:
-            raise ValidationError("Ledger entries are append-only; post a reversing transaction instead.")
-        super().save(*args, **kwargs)
-
-    def delete(self, *args: Any, **kwargs: Any) -> tuple[int, dict[str, int]]:
-        raise ValidationError("Ledger entries are append-only; post a reversing transaction instead.")
+    never_changed = never_deleted = "Ledger entries are append-only; post a reversing transaction instead."
 
 
 class ChargedMinute(models.Model):
@@ -366,19 +383,14 @@ class CreditStop(models.Model):
         return f"zero balance of user {self.user_id} from {self.warned_at}"
 
 
-class Issued(models.Model):
+class Issued(AppendOnly):
     """An issued document: written once, never changed or deleted (PostgreSQL refuses too: migration 0007)."""
+
+    never_changed = "An issued invoice is never changed; a credit note reverses it."
+    never_deleted = "An issued invoice is never deleted; a credit note reverses it."
 
     class Meta:
         abstract = True
-
-    def save(self, *args: Any, **kwargs: Any) -> None:
-        if self.pk is not None:
-            raise ValidationError("An issued invoice is never changed; a credit note reverses it.")
-        super().save(*args, **kwargs)
-
-    def delete(self, *args: Any, **kwargs: Any) -> tuple[int, dict[str, int]]:
-        raise ValidationError("An issued invoice is never deleted; a credit note reverses it.")
 
 
 class Invoice(Issued):
@@ -475,7 +487,7 @@ class BilledGroup(models.Model):
         return f"group {self.group} billed to {self.billing_name}"
 
 
-class BilledGroupChange(models.Model):
+class BilledGroupChange(AppendOnly):
     """Who billed a group, changed whom it is billed to, or stopped billing it, when, and why: written once and
     never changed, like a credit grant in the ledger (PostgreSQL refuses changes too: migration 0011). A group
     with such a record is kept (PROTECT), as its invoices keep it."""
@@ -499,13 +511,8 @@ class BilledGroupChange(models.Model):
     def __str__(self) -> str:
         return f"{self.get_action_display()}: group {self.group_id} by {self.by_id} at {self.at}"
 
-    def save(self, *args: Any, **kwargs: Any) -> None:
-        if self.pk is not None:
-            raise ValidationError("A billed group's change is recorded once and never changed.")
-        super().save(*args, **kwargs)
-
-    def delete(self, *args: Any, **kwargs: Any) -> tuple[int, dict[str, int]]:
-        raise ValidationError("A billed group's change is recorded once and never deleted.")
+    never_changed = "A billed group's change is recorded once and never changed."
+    never_deleted = "A billed group's change is recorded once and never deleted."
 
 
 class GroupInvoice(Issued):
