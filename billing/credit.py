@@ -111,8 +111,7 @@ def rates_of(holdings: Sequence[Slice]) -> dict[int, Decimal]:
             wanted.append((prices.key_of(held, prices.market_of(held)), meter.quoted_at(held)))
     for held, price in zip(unopened, prices.in_force_at(wanted), strict=True):
         if price is not None:
-            shares = max(held.shares, 1) if held.kind == Slice.Kind.SHARED else 1
-            rates[held.pk] = money.per_minute(price.per_hour, shares)
+            rates[held.pk] = prices.rate_of(price, held)
     return rates
 
 

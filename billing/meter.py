@@ -311,7 +311,6 @@ def _open_usages(slice_id: int | None) -> int:
         if price is None:
             log.warning("slice %s has no price for its holding; it is not billed until one is added", found.pk)
             continue
-        shares = max(found.shares, 1) if found.kind == Slice.Kind.SHARED else 1
         end = found.held_until or found.released_at
         Usage.objects.create(
             slice=found,
@@ -320,8 +319,8 @@ def _open_usages(slice_id: int | None) -> int:
             holder_id=found.holder_id,
             market=market,
             price=price,
-            per_minute=money.per_minute(price.per_hour, shares),
-            shares=shares,
+            per_minute=prices.rate_of(price, found),
+            shares=prices.shares_of(found),
             started=found.held_from,
             ended=max(end, found.held_from) if end else None,
         )

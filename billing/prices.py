@@ -41,6 +41,17 @@ def key_of(held: Slice, market: str) -> PriceKey:
     return PriceKey(held.gpu.model_name, held.kind, profile, market)
 
 
+def shares_of(held: Slice) -> int:
+    """How many shares the rate of a holding is divided by: N of a time-sliced GPU, frozen at its allocation
+    (``Slice.shares``); 1 for a whole GPU or a MIG slice. The meter's SQL says the same."""
+    return max(held.shares, 1) if held.kind == Slice.Kind.SHARED else 1
+
+
+def rate_of(price: Price, held: Slice) -> Decimal:
+    """What one started minute of a holding costs at ``price``: the share rule, then the rounding rule."""
+    return money.per_minute(price.per_hour, shares_of(held))
+
+
 def market_of(held: Slice) -> str:
     """The market the slice was allocated on (``Slice.market``); the meter's SQL reads the same column."""
     return Market.SPOT if held.market == Slice.Market.SPOT else Market.ON_DEMAND
