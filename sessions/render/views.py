@@ -158,8 +158,8 @@ def upload(request: PortalRequest) -> HttpResponse:
 
 def _next_step(job: RenderJob) -> str:
     return (
-        f"{job.upload_name} is uploaded. It is unpacked and checked next, then a probe renders one frame to "
-        "estimate the time and cost; you confirm before the job is queued."
+        f"{job.upload_name} is uploaded. It is unpacked and checked next, then a probe renders a few of its frames as "
+        "the job will, to estimate the time and cost; you confirm before the job is queued."
     )
 
 
