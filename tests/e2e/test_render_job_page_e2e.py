@@ -14,7 +14,7 @@ import pytest
 from django.contrib.auth.models import User
 from django.utils import timezone
 from PIL import Image, ImageDraw
-from playwright.sync_api import Page, expect
+from playwright.sync_api import Locator, Page, expect
 
 from portal import push
 from sessions.render import progress, results
@@ -107,6 +107,14 @@ def with_thumbnails(job: RenderJob) -> None:
         image.save(job.folder_path() / frame.thumbnail_path, "JPEG")
 
 
+def thumbnails_loaded(gallery: Locator) -> None:
+    """Every thumbnail of the gallery's page has loaded (lazily, each from the portal) at its size."""
+    gallery.get_by_role("img").last.scroll_into_view_if_needed()
+    for thumbnail in gallery.get_by_role("img").all():
+        expect(thumbnail).to_have_js_property("complete", True)
+        assert thumbnail.evaluate("image => image.naturalWidth") == 160
+
+
 def test_a_job_of_many_frames_shows_its_gallery_a_page_at_a_time_and_htmx_swaps_the_gallery_alone(
     render_portal_server: str, page: Page, alice: User, render_dir: Path
 ) -> None:
@@ -124,6 +132,9 @@ def test_a_job_of_many_frames_shows_its_gallery_a_page_at_a_time_and_htmx_swaps_
     expect(gallery.get_by_test_id("gallery-range")).to_have_text(f"Frames 1–{per_page} of 130")
     expect(gallery.get_by_role("img")).to_have_count(per_page)
     page.evaluate("window.loadedOnce = true")  # gone if the whole page loads again
+    # The thumbnails load lazily and, as each arrives, push the pager down: a click before they are all in
+    # could land where the link was.
+    thumbnails_loaded(gallery)
 
     gallery.get_by_role("link", name="Next").click()
 
@@ -132,10 +143,7 @@ def test_a_job_of_many_frames_shows_its_gallery_a_page_at_a_time_and_htmx_swaps_
     expect(page).to_have_url(re.compile(r"\?page=2$"))
     assert page.evaluate("window.loadedOnce") is True, "htmx swapped the gallery; the page was not loaded again"
     expect(gallery.get_by_test_id("gallery-pages")).to_contain_text("Page 2 of 3")
-    gallery.get_by_role("img").last.scroll_into_view_if_needed()
-    for thumbnail in gallery.get_by_role("img").all():  # they load lazily, each from the portal
-        expect(thumbnail).to_have_js_property("complete", True)
-        assert thumbnail.evaluate("image => image.naturalWidth") == 160
+    thumbnails_loaded(gallery)
     page.screenshot(path=str(SCREENSHOTS / "render-job-gallery-page-2.png"), full_page=True)
 
     # The same address loaded afresh (a link shared, JavaScript or not) shows the same page of frames.
