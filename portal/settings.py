@@ -345,6 +345,13 @@ if env.flag("PORTAL_BEHIND_TLS_PROXY", False):
 GPU_BACKEND = env.choice("PORTAL_GPU_BACKEND", "auto", {name: name for name in ("auto", "nvml", "simulated")})
 GPU_HOST_NAME = env.text("PORTAL_GPU_HOST_NAME", socket.gethostname())
 SIMULATED_FLEET = env.text("PORTAL_SIMULATED_FLEET", "sim-1: 2xH200:mig, 1xA100-80GB:whole, 1xA30:shared=4")
+# GPU hosts (sessions/gpus/hosts.py): the machine identity an agent beats with (default: /etc/machine-id, else
+# the host name), how often it beats, after how long a silent host is lost (nothing placed there, nothing
+# charged past its last heartbeat) and after how much longer its holdings end at that heartbeat.
+GPU_NODE_ID = env.text("PORTAL_GPU_NODE_ID", "")
+HOST_HEARTBEAT_S = env.integer("PORTAL_HOST_HEARTBEAT_S", 5, minimum=1)
+HOST_LOST_AFTER_S = env.integer("PORTAL_HOST_LOST_AFTER_S", 30, minimum=3 * HOST_HEARTBEAT_S)
+HOST_GIVE_UP_AFTER_S = env.integer("PORTAL_HOST_GIVE_UP_AFTER_S", 3600, minimum=60)
 MAX_SLICES_PER_USER = env.integer("PORTAL_MAX_SLICES_PER_USER", 4, minimum=0)
 # GPU containers: host resources per slice, process limit.
 CPUS_PER_COMPUTE_SLICE = env.integer("PORTAL_CPUS_PER_COMPUTE_SLICE", 2, minimum=1)

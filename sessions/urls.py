@@ -16,6 +16,7 @@ urlpatterns = [
     path("fleet/", gpu_views.fleet_overview, name="fleet"),
     path("fleet/live/", metric_views.fleet_live, name="fleet-live"),
     path("fleet/live.json", metric_views.fleet_latest, name="fleet-latest"),
+    path("fleet/hosts/<int:host_id>/drain/", gpu_views.fleet_host_drain, name="fleet-host-drain"),
     path("fleet/gpus/<int:gpu_id>/", gpu_views.fleet_gpu, name="fleet-gpu"),
     path("fleet/gpus/<int:gpu_id>/policy/", gpu_views.fleet_gpu_policy, name="fleet-gpu-policy"),
     path("fleet/gpus/<int:gpu_id>/layout/", gpu_views.fleet_gpu_layout, name="fleet-gpu-layout"),

@@ -226,6 +226,7 @@ def _groups_sql(request: SliceRequest) -> tuple[str, list[Any]]:
         fits.append("(model_name = %s AND (mig_policy = 'static' OR compute_used <= %s))")
         params += [model.name, model.compute_slices - model.profile(request.profile).compute_slices]
     where = f"sharing = 'mig' AND state = 'ok' AND ({' OR '.join(fits) or 'FALSE'})"
+    where += f" AND host_id IN (SELECT id FROM {HOST} WHERE state = 'up')"  # not draining, not lost
     if request.host:
         where += f" AND host_id IN (SELECT id FROM {HOST} WHERE name = %s)"
         params.append(request.host)
@@ -244,16 +245,21 @@ def _allocate_mig(
         taken = _place(owner, request, model, model.profile(request.profile), holder, rule, groups)
         if taken:
             return taken
-    fleet_models = set(_gpus(request, Gpu.Sharing.MIG).order_by().values_list("model_name", flat=True).distinct())
-    if not fleet_models & {model.name for model in models}:
+    mig = _gpus(request, Gpu.Sharing.MIG, any_host=True).filter(model_name__in=[model.name for model in models])
+    if not mig.exists():
         where = f" on {request.model}" if request.model else " in the fleet"
         raise AllocationRefused(f"No MIG GPU{where} has the profile {request.profile!r}.", code="unknown_profile")
+    _refuse_if_hosts_away(mig, f"a MIG GPU with {request.profile}")
     free = {name: count for name, count in free_capacity(request.model or None).items() if count}
     raise AllocationRefused(_no_capacity_message(request.profile, free), free=free)
 
 
-def _gpus(request: SliceRequest, sharing: str) -> QuerySet[Gpu]:
+def _gpus(request: SliceRequest, sharing: str, any_host: bool = False) -> QuerySet[Gpu]:
+    """Working GPUs handed out as ``sharing`` on hosts that are up (sessions.gpus.hosts; ``any_host``: on any
+    host), as asked."""
     gpus = Gpu.objects.filter(sharing=sharing, state=Gpu.State.OK)
+    if not any_host:
+        gpus = gpus.filter(host__state=GpuHost.State.UP)
     if request.model:
         gpus = gpus.filter(model_name=request.model)
     if request.host:
@@ -453,13 +459,26 @@ def _record(
     return taken
 
 
+def _refuse_if_hosts_away(gpus: QuerySet[Gpu], what: str) -> None:
+    """Refuse, saying so, when every host with such GPUs is draining or lost."""
+    if not gpus.filter(host__state=GpuHost.State.UP).exists():
+        states = sorted(set(gpus.values_list("host__state", flat=True)))
+        raise AllocationRefused(
+            f"Every GPU host with {what} is {' or '.join(states)} and takes no new work now; try again later.",
+            code="hosts_away",
+        )
+
+
 def _allocate_gpu(owner: User, request: SliceRequest, holder: Holder | None) -> Slice:
     """A whole GPU, or a share of a time-sliced one: the row lock waits, and the check runs again after it."""
     label = "whole GPU" if request.kind == Slice.Kind.WHOLE else "time-sliced share"
     where = f" of {request.model}" if request.model else ""
     pool = _gpus(request, request.kind)
     if not pool.exists():
-        raise AllocationRefused(f"No GPU{where} in the fleet is offered as a {label}.", code="unavailable")
+        anywhere = _gpus(request, request.kind, any_host=True)
+        if not anywhere.exists():
+            raise AllocationRefused(f"No GPU{where} in the fleet is offered as a {label}.", code="unavailable")
+        _refuse_if_hosts_away(anywhere, f"a {label}{where}")
     gpus = pool.select_for_update(of=("self",), no_key=True)
     if request.kind == Slice.Kind.WHOLE:
         gpu = gpus.filter(active_slices=0).order_by("index", "id").first()
@@ -598,7 +617,7 @@ def _room_after(taken: Slice, request: SliceRequest) -> bool:
 def free_capacity(model_name: str | None = None) -> dict[str, int]:
     """How many more of each 'model profile' fit right now, summed over GPUs (each counted alone)."""
     free: dict[str, int] = {}
-    gpus = Gpu.objects.filter(sharing=Gpu.Sharing.MIG, state=Gpu.State.OK)
+    gpus = Gpu.objects.filter(sharing=Gpu.Sharing.MIG, state=Gpu.State.OK, host__state=GpuHost.State.UP)
     if model_name:
         gpus = gpus.filter(model_name=model_name)
     found = list(gpus)

@@ -47,11 +47,22 @@ def _sync_host(found: FoundHost, backend: GpuBackend) -> GpuHost:
         name=found.name,
         defaults={"backend": found.backend, "driver_version": found.driver_version, "last_seen": timezone.now()},
     )
-    seen = []
+    seen, refused = [], []
     for found_gpu in found.gpus:
+        elsewhere = Gpu.objects.filter(uuid=found_gpu.uuid).exclude(host=host).select_related("host").first()
+        if elsewhere is not None:
+            # Two hosts claim one GPU: a copied configuration, a cloned machine. Nothing moves: the GPU stays
+            # with the host that reported it first, its slices with it, and this host is flagged.
+            refused.append(f"GPU {found_gpu.index} reports UUID {found_gpu.uuid}, which {elsewhere.host} has")
+            log.error("host %s: %s; not recorded", host, refused[-1])
+            continue
         gpu = _sync_gpu(host, found_gpu, backend)
         seen.append(gpu.pk)
     host.gpus.exclude(pk__in=seen).update(state=Gpu.State.MISSING, state_detail="Not found at the last discovery.")
+    problem = f"{'; '.join(refused)}: not recorded here (nothing moved)." if refused else ""
+    if problem != host.problem and not host.problem.startswith("Two machines beat"):  # hosts.heartbeat's flag
+        GpuHost.objects.filter(pk=host.pk).update(problem=problem)
+        host.problem = problem
     return host
 
 

@@ -22,7 +22,7 @@ from django.db.models.functions import Coalesce, Greatest
 from portal.celery import send_on_commit
 from portal.clock import database_now
 from sessions.gpus import workloads
-from sessions.gpus.models import Slice
+from sessions.gpus.models import GpuHost, Slice
 
 # Billing's task that charges a holding to its end (billing.tasks registers it under this name): billing may
 # import sessions, never the reverse, so it is enqueued by name.
@@ -41,12 +41,14 @@ def started(slice_id: int, at: datetime | None) -> None:
 
 def seen(slice_ids: Iterable[int], at: datetime | None = None) -> int:
     """A proof of life: the holders' containers ran at ``at`` (default: the database's now, which the caller
-    reads before it looks, never after). Only begun, unended holdings move, and never back. Returns how many."""
+    reads before it looks, never after). Only begun, unended holdings move, and never back; none on a lost host
+    (``sessions.gpus.hosts``: nothing there is charged past its last heartbeat). Returns how many."""
     ids = list(slice_ids)
     if not ids:
         return 0
     moment = at if at is not None else database_now()
     running = Q(pk__in=ids, held_from__isnull=False, held_until__isnull=True, released_at__isnull=True)
+    running &= ~Q(gpu__host__state=GpuHost.State.LOST)
     return Slice.objects.filter(running).update(seen_at=Greatest(Coalesce("seen_at", F("held_from")), moment))
 
 

@@ -19,15 +19,37 @@ from sessions.gpus.placement import Layout
 
 
 class GpuHost(models.Model):
+    """A GPU host. Its agent beats for it every few seconds (``sessions.gpus.hosts``); the allocator places
+    only on a host that is up. Draining is an operator's choice; lost is the watch's finding."""
+
     class Backend(models.TextChoices):
         NVML = "nvml", "NVML"
         SIMULATED = "simulated", "Simulated"
 
+    class State(models.TextChoices):
+        UP = "up", "Up"
+        DRAINING = "draining", "Draining"
+        LOST = "lost", "Lost"
+
     name = models.CharField(max_length=100, unique=True)
     backend = models.CharField(max_length=20, choices=Backend.choices)
     driver_version = models.CharField(max_length=50, blank=True)
-    last_seen = models.DateTimeField(null=True, blank=True)
+    last_seen = models.DateTimeField(null=True, blank=True, help_text="The last discovery that reached it.")
     problem = models.TextField(blank=True, help_text="The last discovery error, if any.")
+    state = models.CharField(max_length=10, choices=State.choices, default=State.UP, db_default="up")
+    state_reason = models.CharField(max_length=300, blank=True, db_default="")
+    state_since = models.DateTimeField(null=True, blank=True)
+    drained = models.CharField(
+        max_length=200, blank=True, db_default="", help_text="Who drained it and when; empty: not drained."
+    )
+    node_id = models.CharField(
+        max_length=100, blank=True, db_default="", help_text="The identity of the machine whose agent beats for it."
+    )
+    heartbeat_at = models.DateTimeField(
+        null=True, blank=True, help_text="Its agent's last heartbeat (the database's clock); never: no agent yet."
+    )
+    cpus = models.PositiveIntegerField(null=True, blank=True, help_text="CPUs the agent found on the host.")
+    memory_mib = models.PositiveBigIntegerField(null=True, blank=True, help_text="Memory the agent found.")
 
     class Meta:
         ordering = ["name"]
@@ -38,6 +60,10 @@ class GpuHost(models.Model):
     @property
     def simulated(self) -> bool:
         return self.backend == self.Backend.SIMULATED
+
+    @property
+    def up(self) -> bool:
+        return self.state == self.State.UP
 
 
 class Gpu(models.Model):

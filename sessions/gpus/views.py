@@ -12,13 +12,14 @@ from typing import Any
 
 from django import forms
 from django.contrib import messages
+from django.contrib.auth.models import User
 from django.http import HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_GET, require_POST
 
 from portal.access import staff_required
 from portal.http import PortalRequest
-from sessions.gpus import fleet
+from sessions.gpus import fleet, hosts
 from sessions.gpus.allocator import gpu_capacity
 from sessions.gpus.backends import BackendError
 from sessions.gpus.catalog import GpuModel, UnknownModel
@@ -65,6 +66,27 @@ def fleet_overview(request: PortalRequest) -> HttpResponse:
     hosts = [(host, [row for row in gpus if row[0].host_id == host.pk]) for host in GpuHost.objects.all()]
     template = "sessions/fleet.html#hosts" if request.htmx.target == "fleet-hosts" else "sessions/fleet.html"
     return render(request, template, {"hosts": hosts})
+
+
+@staff_required
+@require_POST
+def fleet_host_drain(request: PortalRequest, host_id: int) -> HttpResponse:
+    """Take a host out of placement (``drain``) or bring it back (``resume``), by the button's value."""
+    host, by = get_object_or_404(GpuHost, pk=host_id), request.user
+    assert isinstance(by, User)  # staff_required
+    action = request.POST.get("action")
+    try:
+        if action == "drain":
+            hosts.drain(host.pk, by)
+            messages.success(request, f"{host.name} is draining: what runs there runs on, nothing new starts there.")
+        elif action == "resume":
+            hosts.resume(host.pk, by)
+            messages.success(request, f"{host.name} takes new work again.")
+        else:
+            messages.error(request, "Say drain or resume.")
+    except hosts.HostRefused as error:
+        messages.error(request, str(error))
+    return redirect("fleet")
 
 
 @staff_required

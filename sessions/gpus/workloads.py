@@ -34,6 +34,7 @@ class Reason(models.TextChoices):
     PREEMPTED = "preempted", "Reclaimed for an on-demand launch (spot)"
     IDLE = "idle", "Stopped after being idle"
     MAX_AGE = "max_age", "Reached the maximum age"
+    HOST_LOST = "host_lost", "Its GPU host stopped answering"
 
 
 class Kind(Protocol):

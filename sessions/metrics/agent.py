@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
@@ -25,6 +25,7 @@ from django.db import close_old_connections, connections
 
 from portal import push
 from sessions.gpus.backends.base import GpuBackend
+from sessions.gpus.hosts import HostRefused, Node, heartbeat
 from sessions.metrics import history
 from sessions.metrics.frames import Holders, dumps, fleet_frame, load_holders, personal_frames
 from sessions.metrics.models import GpuMinute
@@ -90,10 +91,12 @@ class Agent:
         interval_s: float,
         activity: Activity | None = None,
         hosts: dict[str, str] | None = None,
+        beats_for: Sequence[str] = (),
     ) -> None:
         self.backend, self.name, self.interval_s = backend, name, interval_s
         self.activity = activity or Activity(None)
         self.hosts = hosts or {}
+        self.beats_for, self.node, self.beat_at = list(beats_for), Node.this_machine(), -float("inf")
         self.holders: Holders = {}
         self.holders_at = 0.0
         self.buffer = history.MinuteBuffer()
@@ -139,6 +142,7 @@ class Agent:
     async def tick(self) -> dict[str, Any] | None:
         self.ticks += 1
         t = time.time()
+        await self._beat()
         await self._refresh_holders()
         try:
             samples = await self._in_db_thread(self.backend.sample, self.activity.for_holders(self.holders))
@@ -155,6 +159,22 @@ class Agent:
             del self.unsaved[:-MAX_UNSAVED_MINUTES]
             await self._save_minutes()
         return frame
+
+    async def _beat(self) -> None:
+        """Every PORTAL_HOST_HEARTBEAT_S, a heartbeat for each host this agent serves (sessions.gpus.hosts)."""
+        if not self.beats_for or time.monotonic() - self.beat_at < settings.HOST_HEARTBEAT_S:
+            return
+        try:
+            for host in self.beats_for:
+                await self._in_db_thread(heartbeat, host, getattr(self.backend, "name", "simulated"), self.node)
+        except HostRefused as error:  # another machine beats for it: the operator must rename one
+            self._trouble("heartbeat", error)
+            return
+        except Exception as error:  # the database away: beat again next tick
+            self._trouble("database", error)
+            return
+        self.beat_at = time.monotonic()
+        self._recovered("heartbeat")
 
     async def _refresh_holders(self) -> None:
         if time.monotonic() - self.holders_at < HOLDERS_EVERY_S:

@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import re
 import time
 import weakref
 from collections import Counter
@@ -28,13 +27,13 @@ from django.conf import settings
 from portal import push
 from portal.roles import is_operator
 from sessions.metrics.agent import latest_key
+from sessions.metrics.frames import STALE_AFTER_S, marked_if_stale, sampled_at
 
 log = logging.getLogger(__name__)
 
 CLOSE_UNAUTHENTICATED = 4401
 CLOSE_FORBIDDEN = 4403
 CLOSE_TOO_MANY = 4429
-STALE_AFTER_S = 3.0
 
 
 class MetricsConsumer(AsyncWebsocketConsumer):
@@ -91,10 +90,10 @@ class MetricsConsumer(AsyncWebsocketConsumer):
             return
         for agent, raw in latest.items():
             text = raw if isinstance(raw, str) else raw.decode()
-            found = SAMPLED_AT.search(text[:200])
-            if found:  # the same frame may also come through the group we just joined: send it once
-                self.sent_up_to[agent if isinstance(agent, str) else agent.decode()] = float(found[1])
-            await self.send(text_data=text)
+            t = sampled_at(text)
+            if t is not None:  # the same frame may also come through the group we just joined: send it once
+                self.sent_up_to[agent if isinstance(agent, str) else agent.decode()] = t
+            await self.send(text_data=marked_if_stale(text, time.time()))
 
     async def disconnect(self, code: int) -> None:
         if self.group_name:
@@ -135,7 +134,6 @@ class MetricsConsumer(AsyncWebsocketConsumer):
         await self.send(text_data=json.dumps({"type": "error", "error": error}))
 
 
-SAMPLED_AT = re.compile(r'"t": ?([0-9.]+)')
 _clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, aioredis.Redis] = weakref.WeakKeyDictionary()
 
 

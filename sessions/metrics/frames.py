@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -188,3 +189,22 @@ def _number(value: object) -> float | None:
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
         return None
     return float(value)
+
+
+STALE_AFTER_S = 3.0  # a frame older than this is no longer live: its agent went quiet (or the wire is slow)
+SAMPLED_AT = re.compile(r'"t": ?([0-9.]+)')
+
+
+def sampled_at(text: str) -> float | None:
+    """When a frame (as text) was sampled, read off its head without parsing it."""
+    found = SAMPLED_AT.search(text[:200])
+    return float(found[1]) if found else None
+
+
+def marked_if_stale(text: str, now: float) -> str:
+    """A latest frame as it may be shown: one older than STALE_AFTER_S says so (``stale``, its ``age`` in
+    seconds), so a page never shows a quiet agent's last figures as live."""
+    t = sampled_at(text)
+    if t is None or now - t <= STALE_AFTER_S or not text.endswith("}"):
+        return text
+    return f'{text[:-1]}, "stale": true, "age": {now - t:.1f}}}'

@@ -30,7 +30,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.samples import Sample
 
-from sessions.gpus.models import Slice
+from portal.clock import database_now
+from sessions.gpus.models import GpuHost, Slice
 from sessions.metrics.agent import LATEST_TTL_S, latest_frames
 from sessions.notebooks.models import NotebookSession
 
@@ -166,6 +167,23 @@ def slices_family() -> Metric:
     return family
 
 
+def hosts_families() -> list[Metric]:
+    """Each GPU host's state (one sample per state, 1 for the one it is in) and its heartbeat's age."""
+    state = GaugeMetricFamily(
+        "portal_gpu_host_state", "GPU hosts by state (1 for the state each is in).", labels=["host", "state"]
+    )
+    age = GaugeMetricFamily(
+        "portal_gpu_host_heartbeat_age_seconds", "Seconds since each GPU host's agent last beat.", labels=["host"]
+    )
+    now = database_now()
+    for name, current, beat in GpuHost.objects.values_list("name", "state", "heartbeat_at"):
+        for value in GpuHost.State.values:
+            state.add_metric([name, value], 1 if value == current else 0)
+        if beat is not None:
+            age.add_metric([name], max(0.0, (now - beat).total_seconds()))
+    return [state, age]
+
+
 class PortalCollector:
     """Everything /metrics shows, read afresh at each collect."""
 
@@ -177,6 +195,7 @@ class PortalCollector:
         yield sessions_family()
         yield spawn_family()
         yield slices_family()
+        yield from hosts_families()
 
 
 def _authorised(request: HttpRequest) -> bool:

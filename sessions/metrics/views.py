@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import redis
 from django.contrib.auth.decorators import login_required
 from django.http import HttpResponse
@@ -12,6 +14,7 @@ from portal.access import staff_required
 from portal.http import PortalRequest
 from sessions import access
 from sessions.metrics.agent import latest_frames
+from sessions.metrics.frames import marked_if_stale
 from sessions.metrics.history import session_history
 
 
@@ -36,10 +39,12 @@ def fleet_live(request: PortalRequest) -> HttpResponse:
 def fleet_latest(request: PortalRequest) -> HttpResponse:
     """The newest fleet frame of every agent as JSON, for scripts and pages that cannot hold a websocket."""
     try:
-        frames = list(latest_frames().values())
+        now = time.time()
+        frames = [marked_if_stale(text, now) for text in latest_frames().values()]
     except redis.RedisError:
         return HttpResponse(
             '{"error": "live figures are unavailable right now"}', status=503, content_type="application/json"
         )
-    # The frames are JSON already: join them instead of parsing and serialising again.
+    # The frames are JSON already: join them instead of parsing and serialising again. A quiet agent's last
+    # frame says it is stale, with its age.
     return HttpResponse('{"frames": [' + ",".join(frames) + "]}", content_type="application/json")

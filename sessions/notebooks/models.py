@@ -80,6 +80,7 @@ class NotebookSession(models.Model):
         STAFF = "staff", "Stopped by an operator"
         CREDIT = "credit", "Credit ran out"
         PREEMPTED = "preempted", "Reclaimed for an on-demand session (spot)"
+        HOST_LOST = "host_lost", "Its GPU host stopped answering"
 
     ACTIVE = (State.REQUESTED, State.ALLOCATING, State.STARTING, State.RUNNING, State.STOPPING)
     ENDED = (State.STOPPED, State.FAILED, State.PREEMPTED)

@@ -206,6 +206,8 @@
     ].filter(Boolean);
   }
 
+  var STALE_AFTER_S = 5;  // a tick is a second: five without a frame and the tile is no longer live
+
   function fleetTiles(root) {
     renderJobUrl = root.dataset.renderJobUrl || "";
     var tiles = new Map();  // a Map, not an object: a UUID is the frame's word, "__proto__" included
@@ -221,13 +223,28 @@
     }
     function onFrame(frame) {
       if (frame.kind !== "fleet") { return; }
+      // When its figures were sampled, by this browser's clock: a frame the server marked stale says its age.
+      var heard = Date.now() / 1000 - (typeof frame.age === "number" ? frame.age : 0);
       list(frame.gpus).filter(Boolean).forEach(function (gpu) {
         var tile = tileFor(gpu);
+        tile.dataset.heard = String(heard);
         tile.style.background = heat(gpu.util);
         tile.replaceChildren.apply(tile, tileContent(gpu, frame.simulated));
+        markStale(tile);
       });
       root.dataset.frames = String(Number(root.dataset.frames || 0) + 1);
     }
+    // A tile whose agent went quiet is greyed and says since when: its last figures are never shown as live.
+    function markStale(tile) {
+      var age = Date.now() / 1000 - Number(tile.dataset.heard || 0);
+      var stale = age > STALE_AFTER_S;
+      tile.classList.toggle("stale", stale);
+      var note = tile.querySelector(".stale-note");
+      if (!stale) { if (note) { note.remove(); } return; }
+      if (!note) { note = el("p", "stale-note"); tile.insertBefore(note, tile.children[1] || null); }
+      note.textContent = "No figures for " + Math.round(age) + " s: its agent is quiet; these are the last it sent.";
+    }
+    window.setInterval(function () { tiles.forEach(markStale); }, 1000);
     var status = document.querySelector("[data-fleet-status]");
     live("/ws/metrics/fleet/", onFrame, function (state) { if (status) { status.textContent = state; } });
   }

@@ -11,6 +11,7 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandParser
 
 from sessions.gpus.backends import get_backend
+from sessions.gpus.backends.simulated import parse_fleet
 from sessions.gpus.models import Gpu
 from sessions.metrics.agent import Activity, Agent
 
@@ -33,10 +34,13 @@ class Command(BaseCommand):
             self.stderr.write("gpu_agent: --interval-ms must be at least 100")
             raise SystemExit(2)
         hosts = dict(Gpu.objects.filter(host__backend=backend.name).values_list("uuid", "host__name"))
-        name = settings.GPU_HOST_NAME if backend.name == "nvml" else "simulated"
+        if backend.name == "nvml":
+            name, beats_for = settings.GPU_HOST_NAME, [settings.GPU_HOST_NAME]
+        else:  # one agent stands in for every host of the simulated fleet
+            name, beats_for = "simulated", sorted({gpu.host for gpu in parse_fleet(settings.SIMULATED_FLEET)})
         activity = Activity(None if options["no_docker"] or backend.name != "simulated" else _docker_reader())
         gc.freeze()  # the long-lived objects made at start-up need never be scanned again
-        agent = Agent(backend, name, interval_ms / 1000, activity=activity, hosts=hosts)
+        agent = Agent(backend, name, interval_ms / 1000, activity=activity, hosts=hosts, beats_for=beats_for)
         try:
             asyncio.run(agent.run(options["ticks"]))
         except KeyboardInterrupt:
