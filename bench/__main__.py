@@ -1,4 +1,4 @@
-"""Command line: python -m bench <name> [options] | all | list."""
+"""Command line: python -m bench <name> [options] | all | list | table."""
 
 from __future__ import annotations
 
@@ -11,9 +11,14 @@ BENCHMARKS = ["dashboard", "allocator", "spawn", "metrics", "billing", "render",
 
 def main(argv: list[str]) -> int:
     if not argv or argv[0] in {"-h", "--help", "list"}:
-        print("usage: python -m bench <name> [options] | all\nbenchmarks: " + ", ".join(BENCHMARKS))
+        print("usage: python -m bench <name> [options] | all | table\nbenchmarks: " + ", ".join(BENCHMARKS))
         return 0
     name, rest = argv[0], argv[1:]
+    if name == "table":  # the latest figures' table in bench/results/README.md, made again from the history
+        from bench.report import write_table
+
+        print(f"wrote {write_table()}")
+        return 0
     names = BENCHMARKS if name == "all" else [name]
     unknown = [n for n in names if n not in BENCHMARKS]
     if unknown:

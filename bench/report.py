@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import json
 import statistics
+import subprocess
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 RESULTS = Path(__file__).resolve().parent / "results"
+HISTORY = RESULTS / "history.jsonl"  # one line per run, kept in the repository: the table is made from it
+TABLE = RESULTS / "README.md"
+TABLE_START, TABLE_END = "<!-- table: made by `python -m bench table` from history.jsonl -->", "<!-- end of table -->"
 
 
 @dataclass
@@ -46,11 +50,76 @@ class Result:
         data.update(ratio=self.ratio, met=self.met, when=datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"))
         path = RESULTS / f"{self.name}.json"
         path.write_text(json.dumps(data, indent=2) + "\n")
+        record(
+            name=self.name,
+            metric=self.metric,
+            value=self.value,
+            unit=self.unit,
+            baseline=self.baseline,
+            baseline_name=self.baseline_name,
+            ratio=self.ratio,
+            goal=self.goal,
+            met=self.met,
+        )
         print(
             f"RESULT {self.name} {self.metric}={self.value} baseline={self.baseline} "
             f"ratio={self.ratio} met={str(self.met).lower()}"
         )
         return path
+
+
+def record(**run: Any) -> None:
+    """Append one run to the history, with when and at which commit it ran."""
+    line = {"when": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"), "commit": _commit(), **run}
+    with HISTORY.open("a") as history:
+        history.write(json.dumps(line, ensure_ascii=False) + "\n")
+
+
+def _commit() -> str:
+    try:
+        found = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True)
+    except (OSError, subprocess.CalledProcessError):
+        return ""
+    return found.stdout.strip()
+
+
+def latest_runs() -> list[dict[str, Any]]:
+    """The newest run of each benchmark and metric, in the order each first appears in the history."""
+    latest: dict[tuple[str, str], dict[str, Any]] = {}
+    for text in HISTORY.read_text().splitlines():
+        if text.strip():
+            run = json.loads(text)
+            latest[(run["name"], run["metric"])] = run
+    return list(latest.values())
+
+
+def table() -> str:
+    """The table of the latest figures, as Markdown."""
+    rows = [
+        "| benchmark | metric | value | baseline | ratio | goal | met | when | commit |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for run in latest_runs():
+        value = f"{run['value']} {run.get('unit', '')}".strip()
+        baseline = "—" if run["baseline"] is None else run["baseline"]
+        if run.get("baseline_name"):
+            baseline = f"{baseline} ({run['baseline_name']})"
+        met = "yes" if run["met"] else "no"
+        if run.get("note"):
+            met = f"{met}; {run['note']}"
+        ratio = "—" if run["ratio"] is None else run["ratio"]
+        cells = [run["name"], run["metric"], value, baseline, ratio, run["goal"], met, run["when"][:10]]
+        rows.append("| " + " | ".join(str(cell).replace("|", "/") for cell in [*cells, run["commit"]]) + " |")
+    return "\n".join(rows)
+
+
+def write_table() -> Path:
+    """Put the table into bench/results/README.md, between its markers."""
+    text = TABLE.read_text()
+    head, _, rest = text.partition(TABLE_START)
+    _, _, tail = rest.partition(TABLE_END)
+    TABLE.write_text(f"{head}{TABLE_START}\n{table()}\n{TABLE_END}{tail}")
+    return TABLE
 
 
 def percentile(values: list[float], share: float) -> float:

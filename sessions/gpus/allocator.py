@@ -328,7 +328,7 @@ def _claim(gpu_id: int, layout: Layout, profile: Profile, start: int) -> tuple[i
     (the caller looks again). Returns (id, uuid, backend), or None.
 
     By primary key: no index holds the layout columns, so claims and releases are HOT updates that
-    leave every index of the table alone (measured: see bench/results/README.md, issue 12).
+    leave every index of the table alone (measured: see bench/results/notes.md, issue 12).
     """
     after = layout.with_instance(profile, start)
     claimed = statements.rows(

@@ -6,7 +6,7 @@ round trip and a fresh plan. Here they go through psycopg's own pipeline (the st
 server-side binding cursor, which psycopg prepares from a statement's fifth use on a connection
 (its ``prepare_threshold``, which settings.py turns on; Django leaves it off). Measured on 1,000
 GPUs, allocate+release on the launch path: p50 13-15 ms planned each time, 10-11 ms prepared
-(bench/results/README.md, issue 12).
+(bench/results/notes.md, issue 12).
 
 They run on Django's connection, inside the caller's transaction, through Django's cursor
 wrapper, so its execute wrappers and query log see every one. SQLite runs each at once.

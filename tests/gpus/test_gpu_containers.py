@@ -13,6 +13,7 @@ from sessions.gpus.models import Slice
 from sessions.runtime.docker import DockerRuntime
 from sessions.runtime.slices import limits_for
 from tests.gpus.conftest import FleetMaker
+from tests.helpers.waiting import wait_for
 
 pytestmark = pytest.mark.docker
 IMAGE = "gpu-portal/busybox:latest"
@@ -83,8 +84,6 @@ def test_a_busy_container_makes_its_simulated_slice_busy(
     make_fleet: FleetMaker, many_slices: User, runtime: DockerRuntime
 ) -> None:
     """The simulator follows what really runs: a container spinning a CPU shows a busy GPU instance."""
-    import time
-
     from sessions.gpus.backends import get_backend
     from sessions.metrics.agent import Activity
 
@@ -97,11 +96,15 @@ def test_a_busy_container_makes_its_simulated_slice_busy(
         runtime.started.append(started)  # type: ignore[attr-defined]
     activity = Activity(runtime.cpu_by_device)
     activity.refresh()
-    time.sleep(2)
-    activity.refresh()
+
+    def read_busy() -> bool:
+        """A reading over the time since the last one: the spinner's is high once it has run a while."""
+        activity.refresh()
+        return activity.busy.get(busy.device_uuid, 0.0) > 0.6
+
+    wait_for(read_busy, 30, "the spinning container's CPU use to show")
     held = {busy.device_uuid: 0.0, idle.device_uuid: 0.0}
-    assert activity.busy[busy.device_uuid] > 0.6, activity.busy
-    assert activity.busy[idle.device_uuid] < 0.1, activity.busy
+    assert activity.busy[idle.device_uuid] < 0.1, activity.busy  # the same reading: the sleeper is idle
     (gpu,) = get_backend().sample({**held, **activity.for_holders(held)})
     util = {device.uuid: device.utilization for device in gpu.devices}
     assert util[busy.device_uuid] is not None and util[busy.device_uuid] > 55  # type: ignore[operator]

@@ -120,12 +120,14 @@ def test_a_container_removed_by_hand_ends_when_the_engine_saw_it_die(
     [container_id] = runtime.containers_for("session", str(session.pk))
     removed_at = timezone.now()
     runtime.client.containers.get(container_id).remove(force=True)  # no state left to read: only the event log
-    time.sleep(3)
+    removed_by = timezone.now()
+    time.sleep(3)  # reconciliation notices late: the end must be the engine's moment, not the noticing
     reconcile_sessions.delay().get(timeout=60)
     wait_for(lambda: state_of(session) == NotebookSession.State.FAILED, 60, "reconciliation")
     assert "it was removed" in session.failure_message
     assert session.container_gone_at is not None
-    assert 0 <= (session.container_gone_at - removed_at).total_seconds() < 1
+    # Bounded by what the test saw, however slow the engine was to remove it (one clock: the same host).
+    assert removed_at <= session.container_gone_at <= removed_by
     assert session.slice is not None and not Slice.objects.get(pk=session.slice.pk).active
 
 
