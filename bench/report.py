@@ -76,11 +76,14 @@ def record(**run: Any) -> None:
 
 
 def _commit() -> str:
+    """The commit measured; "+changes" when tracked files differ from it (a run to keep is made on a commit)."""
     try:
         found = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True)
+        status = ["git", "status", "--porcelain", "--untracked-files=no"]
+        changed = subprocess.run(status, capture_output=True, text=True)
     except (OSError, subprocess.CalledProcessError):
         return ""
-    return found.stdout.strip()
+    return found.stdout.strip() + ("+changes" if changed.stdout.strip() else "")
 
 
 def latest_runs() -> list[dict[str, Any]]:

@@ -105,7 +105,11 @@ def _gate(owner: User, request: SliceRequest, holder: Holder) -> None:
 def _learned_rule(
     model: GpuModel, candidates: Sequence[tuple[Any, Layout]], profile: Profile
 ) -> tuple[Any, int] | None:
-    return placement.choose(model, candidates, profile, demand.for_model(model.name))
+    """``placement.by_history`` as the portal runs it, the demand kept per process (``sessions.gpus.demand``)."""
+    learned = demand.for_model(model.name)
+    if learned is None:  # too few requests seen to trust their demand
+        return placement.first_fit(model, candidates, profile)
+    return placement.choose(model, candidates, profile, learned)
 
 
 @contextmanager

@@ -19,18 +19,22 @@ from sessions.gpus.placement import Demand
 
 WINDOW = timedelta(days=14)  # long enough for a quiet model to have a mix, short enough to follow a change
 REFRESH_SECONDS = 60.0
+THIN_REFRESH_SECONDS = 2.0  # a history too thin to trust is read again soon: a new portal learns within seconds
 
-_kept: dict[str, tuple[float, Demand]] = {}  # model name -> (monotonic moment it goes stale, demand)
+_kept: dict[str, tuple[float, Demand | None]] = {}  # model name -> (monotonic moment it goes stale, demand)
 
 
-def for_model(model_name: str) -> Demand:
-    """The demand for a catalog model's MIG profiles as recently seen, at most ``REFRESH_SECONDS`` old."""
+def for_model(model_name: str) -> Demand | None:
+    """The demand for a catalog model's MIG profiles as recently seen, or None while too few requests were seen
+    to trust it (``placement.trusted``: place first-fit). Kept ``REFRESH_SECONDS`` (a thin history, only
+    ``THIN_REFRESH_SECONDS``)."""
     now = time.monotonic()
     kept = _kept.get(model_name)
     if kept is not None and now < kept[0]:
         return kept[1]
-    demand = placement.learned(catalog.model(model_name), requested(model_name))
-    _kept[model_name] = (now + REFRESH_SECONDS, demand)
+    seen = requested(model_name)
+    demand = placement.learned(catalog.model(model_name), seen) if placement.trusted(seen) else None
+    _kept[model_name] = (now + (REFRESH_SECONDS if demand else THIN_REFRESH_SECONDS), demand)
     return demand
 
 

@@ -135,6 +135,10 @@ def demand_weight(profile: Profile) -> float:
 
 DEMAND_STEPS = 200  # weights in steps of 0.5 %: a demand that drifts by less keeps its cached tables
 PRIOR_REQUESTS = 24  # the prior counts as this many requests already seen: a couple of dozen launches outweigh it
+# Requests of a model seen (in the window) before its learned demand is trusted over first-fit. Before that the
+# demand is mostly the prior, a guess: on a mix unlike it (mostly 2g and 3g, say) the value rule under the prior
+# places worse than first-fit, which assumes nothing. Twice the prior's weight: the seen requests outweigh it.
+TRUSTED_REQUESTS = 2 * PRIOR_REQUESTS
 
 
 @dataclass(frozen=True)
@@ -323,6 +327,23 @@ def choose(
         if found is not None and (best is None or layout.compute_used > best[0] or found[1] < best[1]):
             best = (layout.compute_used, found[1], key, found[0])
     return None if best is None else (best[2], best[3])
+
+
+def trusted(requested: Mapping[str, int]) -> bool:
+    """Whether enough requests were seen to place by their demand rather than first-fit."""
+    return sum(count for count in requested.values() if count > 0) >= TRUSTED_REQUESTS
+
+
+def by_history(
+    gpu_model: GpuModel, candidates: Sequence[tuple[K, Layout]], profile: Profile, requested: Mapping[str, int]
+) -> tuple[K, int] | None:
+    """The portal's rule, given what was asked of this model so far (``requested``: count per profile):
+    first-fit until the requests are ``trusted``, then ``choose`` under the demand learned from them. So a new
+    portal, a new GPU model or a history too thin to know places no worse than first-fit from its first
+    request. (The allocator reads the same decision through ``sessions.gpus.demand``, kept per process.)"""
+    if not trusted(requested):
+        return first_fit(gpu_model, candidates, profile)
+    return choose(gpu_model, candidates, profile, learned(gpu_model, requested))
 
 
 def first_fit(gpu_model: GpuModel, candidates: Sequence[tuple[K, Layout]], profile: Profile) -> tuple[K, int] | None:

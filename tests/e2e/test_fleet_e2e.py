@@ -73,3 +73,20 @@ def test_an_operator_applies_a_layout_and_sees_who_holds_which_slice(
     expect(slices.get_by_role("link", name="Notebook session #12")).to_have_attribute("href", "/sessions/12/")
     expect(page.get_by_text("Compute slices used: 4 of 7")).to_be_visible()
     page.screenshot(path=SCREENSHOT, full_page=True)
+
+
+def test_an_operator_drains_a_host_and_brings_it_back(
+    portal_server: str, page: Page, staff: User, alice: User, sim_fleet: list[Gpu]
+) -> None:
+    log_in(page, portal_server, "charlie")
+    page.goto(f"{portal_server}/sessions/fleet/")
+    host = page.get_by_role("region", name="sim-1")
+    expect(host.locator("[data-host-state]")).to_have_text("Up")
+    host.get_by_role("button", name="Drain").click()
+    expect(page.get_by_role("status").filter(has_text="sim-1 is draining")).to_be_visible()
+    expect(host.locator("[data-host-state]")).to_have_text("Draining")
+    expect(host).to_contain_text("Drained by charlie at")
+    page.screenshot(path="artifacts/screenshots/fleet-draining.png", full_page=True)
+    host.get_by_role("button", name="Take new work again").click()
+    expect(host.locator("[data-host-state]")).to_have_text("Up")
+    expect(host.get_by_role("button", name="Drain")).to_be_visible()

@@ -75,6 +75,29 @@ def test_staff_watch_every_gpu_and_mig_device_with_who_uses_it(
     page.screenshot(path=str(SCREENSHOTS / "fleet-live.png"), full_page=True)
 
 
+def test_a_gpu_whose_agent_went_quiet_is_greyed_and_says_since_when(
+    portal_server: str, page: Page, staff: User, notebook_image: NotebookImage, settings
+) -> None:  # type: ignore[no-untyped-def]
+    """Its agent stops: within seconds each tile says its figures are old, never showing them as live; a page
+    opened afterwards gets the last frame marked stale at once."""
+    use_fleet(settings, FLEET)
+    process = processes.start_gpu_agent(FLEET, ARTIFACTS / "logs" / "gpu-agent-quiet-e2e.log")
+    try:
+        log_in(page, portal_server, "charlie")
+        page.goto(f"{portal_server}/sessions/fleet/live/")
+        tiles = page.locator("#fleet-tiles .gpu-tile")
+        expect(tiles).to_have_count(3)
+        expect(page.locator("#fleet-tiles .gpu-tile.stale")).to_have_count(0)
+    finally:
+        processes.stop(process)
+    expect(page.locator("#fleet-tiles .gpu-tile.stale")).to_have_count(3, timeout=15000)
+    expect(tiles.first.locator(".stale-note")).to_contain_text("its agent is quiet")
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(SCREENSHOTS / "fleet-live-stale.png"), full_page=True)
+    page.reload()
+    expect(page.locator("#fleet-tiles .gpu-tile.stale")).to_have_count(3, timeout=5000)
+
+
 def test_a_chart_holds_a_fixed_number_of_points_however_long_it_runs(
     portal_server: str, page: Page, alice: User, notebook_image: NotebookImage, agent: None
 ) -> None:

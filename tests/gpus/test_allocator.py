@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from django.contrib.auth.models import User
 
-from sessions.gpus import fleet
+from sessions.gpus import fleet, placement
 from sessions.gpus.allocator import (
     AllocationRefused,
     ReleaseRefused,
@@ -45,10 +45,17 @@ def test_small_slices_fill_one_gpu_before_starting_another(h200s: list[Gpu], man
     assert allocate(many_slices, mig("7g.141gb")).gpu_id != first.gpu_id
 
 
-def test_a_small_slice_does_not_take_memory_slice_zero_on_an_empty_gpu(h200s: list[Gpu], many_slices: User) -> None:
-    taken = allocate(many_slices, mig("1g.18gb"))
+def test_under_a_small_heavy_demand_a_small_slice_does_not_take_memory_slice_zero(
+    h200s: list[Gpu], many_slices: User
+) -> None:
+    value_rule = placement.choose  # the value rule under the prior: the portal's once it trusts such a demand
+    taken = allocate(many_slices, mig("1g.18gb"), rule=value_rule)
     assert taken.placement_start != 0
-    assert allocate(many_slices, mig("4g.71gb")).gpu_id == taken.gpu_id
+    assert allocate(many_slices, mig("4g.71gb"), rule=value_rule).gpu_id == taken.gpu_id
+
+
+def test_with_no_history_a_slice_is_placed_first_fit(h200s: list[Gpu], many_slices: User) -> None:
+    assert allocate(many_slices, mig("1g.18gb")).placement_start == 0
 
 
 def test_release_frees_exactly_what_was_taken(h200s: list[Gpu], many_slices: User) -> None:
@@ -195,8 +202,8 @@ def test_a_static_layout_hands_out_its_existing_instances(h200s: list[Gpu], many
 
 
 def test_free_capacity_counts_each_profile_alone(h200s: list[Gpu], many_slices: User) -> None:
-    taken = allocate(many_slices, mig("3g.71gb"))
-    assert taken.placement_start == 4  # keeps slices 0-3 whole for a 4g
+    taken = allocate(many_slices, mig("3g.71gb"), rule=placement.choose)
+    assert taken.placement_start == 4  # the value rule keeps slices 0-3 whole for a 4g
     free = free_capacity(H200)
     assert free[f"{H200} 7g.141gb"] == 1
     assert free[f"{H200} 4g.71gb"] == 2

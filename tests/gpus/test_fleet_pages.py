@@ -161,11 +161,12 @@ def test_a_slice_that_no_one_holds_says_so(h200s: list[Gpu], many_slices: User, 
 
 
 def test_how_many_more_fit_comes_from_the_allocator(h200s: list[Gpu], many_slices: User, operator: Client) -> None:
-    taken = allocate(many_slices, SliceRequest(kind="mig", profile="3g.71gb"))
+    taken = allocate(many_slices, SliceRequest(kind="mig", profile="3g.71gb"))  # first-fit: at slice 0
+    assert taken.placement_start == 0
     page = operator.get(detail_url(taken.gpu)).content.decode()
     assert re.search(r'<th scope="row">3g.71gb</th>[^\n]*<strong>1</strong>', page)
     assert re.search(r'<th scope="row">7g.141gb</th>[^\n]*<strong>0</strong>', page)
-    assert re.search(r'<th scope="row">1g.18gb</th>[^\n]*<strong>4</strong>', page)
+    assert re.search(r'<th scope="row">1g.18gb</th>[^\n]*<strong>3</strong>', page)  # at 4, 5 and 6
 
 
 def test_a_preset_layout_is_applied_after_switching_to_static(h200s: list[Gpu], operator: Client) -> None:

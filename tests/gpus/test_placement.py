@@ -103,6 +103,32 @@ def test_one_h200_that_has_seen_2g_and_3g_requests_takes_a_2g_a_3g_and_a_2g() ->
     assert set(starts) == {0, 2, 4}
 
 
+def test_from_its_first_request_the_portal_s_rule_is_never_worse_than_first_fit() -> None:
+    """Issue 31: with an empty history the value rule under the prior put the first 2g at slice 4 and the 3g at
+    0, and refused the second 2g, where first-fit serves all three. Until it has seen enough requests to trust
+    their demand, the portal's rule places as first-fit does; from then on, by the learned demand."""
+    sequence = [H200.profile(name) for name in ("2g.35gb", "3g.71gb", "2g.35gb")]
+
+    def serve(requested: dict[str, int]) -> list[int | None]:
+        layout, starts = placement.Layout(), []
+        for profile in sequence:
+            choice = placement.by_history(H200, [(0, layout)], profile, requested)
+            starts.append(None if choice is None else choice[1])
+            if choice is not None:
+                layout = layout.with_instance(profile, choice[1])
+        return starts
+
+    assert serve({}) == [0, 4, 2]  # first-fit's
+    assert placement.choose(H200, [(0, placement.Layout())], sequence[0]) == (0, 4)  # the prior's bet, not taken
+    thin = {"2g.35gb": 20, "3g.71gb": 20}
+    assert not placement.trusted(thin) and serve(thin) == [0, 4, 2]
+    mostly_1g = {"1g.18gb": placement.TRUSTED_REQUESTS, "4g.71gb": 10}
+    assert placement.trusted(mostly_1g)
+    learned = placement.learned(H200, mostly_1g)
+    bet = placement.choose(H200, [(0, placement.Layout())], sequence[0], learned)
+    assert bet is not None and serve(mostly_1g)[0] == bet[1]
+
+
 def test_with_nothing_seen_the_demand_is_the_prior() -> None:
     assert placement.learned(H200, {}) == placement.prior(H200)
     assert placement.learned(H200, {"2g.35gb": 0}) == placement.prior(H200)
