@@ -30,7 +30,6 @@ from portal import push
 from portal.clock import database_now
 from sessions.gpus import workloads
 from sessions.gpus.models import Slice
-from sessions.notebooks.models import NotebookSession
 
 log = logging.getLogger(__name__)
 THRESHOLDS = (50, 80, 100)
@@ -145,15 +144,14 @@ def running(held: Slice, now: datetime | None = None) -> Running | None:
 
 
 def _names(holdings: Sequence[Slice]) -> dict[int, str]:
-    """The server names of the notebook sessions that hold these slices, in one query."""
-    ids = [held.holder_id for held in holdings if held.holder_kind == "notebook" and held.holder_id]
-    if not ids:
-        return {}
-    return dict(NotebookSession.objects.filter(pk__in=ids).values_list("pk", "server_name"))
+    """What their owners call the workloads that hold these slices (``workloads.names``), by slice."""
+    holders = {held.pk: held.holder for held in holdings}
+    named = workloads.names(holder for holder in holders.values() if holder is not None)
+    return {slice_id: named[holder] for slice_id, holder in holders.items() if holder in named}
 
 
 def _what(held: Slice, names: dict[int, str]) -> str:
-    name = names.get(held.holder_id or 0, "") if held.holder_kind == "notebook" else ""
+    name = names.get(held.pk, "")
     return f"{name} · {held.describe()}" if name else held.describe()
 
 

@@ -5,7 +5,7 @@ billing."""
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, Protocol
 
 from django import template
 from django.contrib.auth.models import User
@@ -13,7 +13,6 @@ from django.contrib.auth.models import User
 from billing import credit, money, wallet
 from billing.launch import duration
 from sessions.gpus.models import Slice
-from sessions.notebooks.models import NotebookSession
 
 register = template.Library()
 
@@ -28,9 +27,15 @@ def holding_cost(held: Slice | None, costs: Mapping[int, credit.Running] | None 
     return wallet.cost_context(held, found)
 
 
+class Holding(Protocol):
+    """A workload of any kind with its one slice (a notebook session)."""
+
+    slice: Slice | None
+
+
 @register.simple_tag
-def session_costs(sessions: Iterable[NotebookSession]) -> dict[int, credit.Running]:
-    """The costs so far of the slices these sessions hold (their slices and GPUs loaded), for ``holding_cost``."""
+def session_costs(sessions: Iterable[Holding]) -> dict[int, credit.Running]:
+    """The costs so far of the slices these workloads hold (their slices and GPUs loaded), for ``holding_cost``."""
     return credit.running_costs([session.slice for session in sessions if session.slice is not None])
 
 

@@ -50,6 +50,10 @@ class Kind(Protocol):
         """The ids of its workloads that start, run or wait for slices (of one person, or everyone's)."""
         ...
 
+    def names(self, holder_ids: list[int]) -> dict[int, str]:
+        """What their owners call these (a session's server name, a job's scene file), in one query."""
+        ...
+
     def stop(self, holder_id: int, reason: str, by: User | None) -> None:
         """Stop it for ``reason``: its containers go, its slices are released, its holdings charged to their
         ends. ``by`` is the person asking (None: the portal itself); it answers as its own stop would."""
@@ -128,6 +132,18 @@ def kind_of(holder: Holder) -> Kind:
 def live(owner_id: int | None = None) -> list[Holder]:
     """Every live workload of every kind (of one person, or everyone's)."""
     return [Holder(kind.kind, holder_id) for kind in kinds() for holder_id in kind.live(owner_id)]
+
+
+def names(holders: Iterable[Holder]) -> dict[Holder, str]:
+    """What their owners call these workloads, of whatever kind: one query per kind."""
+    by_kind: dict[str, list[int]] = {}
+    for holder in holders:
+        by_kind.setdefault(holder.kind.value, []).append(holder.id)
+    found: dict[Holder, str] = {}
+    for kind, ids in by_kind.items():
+        if kind in _kinds:
+            found.update({Holder(_kinds[kind].kind, pk): name for pk, name in _kinds[kind].names(ids).items()})
+    return found
 
 
 def stop(holder: Holder, reason: str, by: User | None = None) -> None:

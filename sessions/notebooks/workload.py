@@ -26,6 +26,9 @@ class Notebooks:
             found = found.filter(owner_id=owner_id)
         return list(found.order_by("pk").values_list("pk", flat=True))
 
+    def names(self, holder_ids: list[int]) -> dict[int, str]:
+        return dict(NotebookSession.objects.filter(pk__in=holder_ids).values_list("pk", "server_name"))
+
     def stop(self, holder_id: int, reason: str, by: User | None) -> None:
         stop_session(holder_id, by=by, reason=reason)
 

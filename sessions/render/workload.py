@@ -27,6 +27,9 @@ class RenderJobs:
             found = found.filter(owner_id=owner_id)
         return list(found.order_by("pk").values_list("pk", flat=True))
 
+    def names(self, holder_ids: list[int]) -> dict[int, str]:
+        return dict(RenderJob.objects.filter(pk__in=holder_ids).values_list("pk", "upload_name"))
+
     def stop(self, holder_id: int, reason: str, by: User | None) -> None:
         job = RenderJob.objects.get(pk=holder_id)
         if by is not None and not access.may(by, access.Action.STOP, job):

@@ -206,3 +206,24 @@ def test_minutes_given_back_are_shown_to_their_owner_with_why_and_to_nobody_else
     assert "1 minute charged after Notebook session #" in page and "0.14 CNY" in page
     assert 'data-kind="top_up"' not in page and "course" in page and "5.00 CNY" in page
     assert "money-in-row" not in client_of(bob).get(PAGE).content.decode()
+
+
+def test_what_runs_is_named_as_its_owner_named_it_for_every_kind_of_workload(fleet: object, alice: User) -> None:
+    """Billing asks the workload registry, not a workload's models: a session by its server name, a render job by
+    its scene file, both in one query per kind."""
+    from sessions.gpus.allocator import allocate
+    from sessions.gpus.holders import Holder
+    from sessions.render.models import RenderJob
+    from tests.billing.conftest import A100
+    from tests.factories import one_frame_a_chunk
+
+    image, _ = NotebookImage.objects.get_or_create(name="JupyterLab", defaults={"image": "gpu-portal/notebook:latest"})
+    session = running_session(alice, image, A100, "thesis")
+    job = one_frame_a_chunk(alice, RenderJob.State.RENDERING, frames=1, max_slices=1)
+    rendering = allocate(alice, A100, holder=Holder.render(job.pk))
+    assert session.slice is not None
+    for held in (session.slice, rendering):
+        holdings.started(held.pk, database_now() - timedelta(seconds=30))
+    found = {running.held.pk: running.what for running in credit.wallet(alice).running}
+    assert found[session.slice.pk].startswith("thesis · ")
+    assert found[rendering.pk].startswith("shot.blend · ")
