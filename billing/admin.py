@@ -152,8 +152,8 @@ class UsageDayAdmin(ReadOnly):
     date_hierarchy = "day"
 
 
-# Budgets are set, and alerts and zero-balance stops written, through billing/credit.py's checks (the
-# Credit page and the person's own); the admin shows them.
+# Budgets are set, and alerts and zero-balance stops written, through billing/budgets.py's and
+# billing/credit.py's checks (the Credit page and the person's own); the admin shows them.
 @admin.register(Budget)
 class BudgetAdmin(ReadOnly):
     list_display = ["__str__", "user", "group", "monthly", "set_by", "set_at"]

@@ -15,7 +15,7 @@ from django.core.exceptions import ValidationError
 from django.http import HttpResponse
 from django.shortcuts import redirect, render
 
-from billing import credit, ledger, money
+from billing import budgets, ledger, money
 from billing.models import Account, Budget, LedgerTransaction
 from portal.access import staff_required
 from portal.http import PortalRequest
@@ -100,10 +100,10 @@ def budget_page(request: PortalRequest) -> HttpResponse:
         whose = {"group": data["group"]} if data.get("group") else {"user": data["user"]}
         try:
             if not str(data.get("monthly") or "").strip():
-                credit.remove_budget(by=by, **whose)
+                budgets.remove_budget(by=by, **whose)
                 messages.info(request, "Budget removed.")
             else:
-                set_to = credit.set_budget(data["monthly"], by=by, **whose)
+                set_to = budgets.set_budget(data["monthly"], by=by, **whose)
                 messages.success(
                     request, f"Budget of {set_to.user or set_to.group}: {money.shown(set_to.monthly)} a month."
                 )

@@ -18,7 +18,7 @@ from decimal import Decimal
 from django.contrib.auth.models import User
 from django.db.models import Min
 
-from billing import credit, ledger, money, prices
+from billing import costs, credit, ledger, money, prices
 from billing.models import Market
 from portal.clock import database_now
 from sessions.gpus import catalog
@@ -114,7 +114,7 @@ class BillingPricing:
         return per_minute(request, market)
 
     def costs_so_far(self, holdings: Sequence[Slice]) -> dict[int, Decimal]:
-        return {slice_id: found.cost for slice_id, found in credit.running_costs(holdings).items()}
+        return {slice_id: found.cost for slice_id, found in costs.running_costs(holdings).items()}
 
 
 def _hourly(rate: Decimal | None) -> str:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from celery import shared_task
 
-from billing import credit, group_invoices, invoices, meter, rollup
+from billing import budgets, costs, credit, group_invoices, invoices, meter, rollup
 from sessions.gpus.holdings import CHARGE_HOLDING
 
 
@@ -29,7 +29,7 @@ def charge_accrued() -> dict[str, object]:
     """Every minute: charge each minute that has become due; a second run meanwhile returns at once."""
     outcome = meter.tick()
     if outcome.minutes:
-        credit.announce_charges()
+        costs.announce_charges()
     return _summary(outcome)
 
 
@@ -43,7 +43,7 @@ def charge_holding(slice_id: int) -> dict[str, object]:
 def check_credit() -> dict[str, int]:
     """Every 30 s: warn at a zero balance, stop sessions after the grace period, send budget alerts once."""
     counts = credit.check_balances()
-    counts["budget_alerts"] = credit.check_budgets()
+    counts["budget_alerts"] = budgets.check_budgets()
     return counts
 
 

@@ -23,7 +23,7 @@ from django.shortcuts import redirect, render
 from django.utils import timezone
 from django.views.decorators.http import require_GET, require_POST
 
-from billing import credit, ledger, money, prices
+from billing import budgets, costs, credit, ledger, money, prices
 from billing.launch import duration
 from billing.models import Account, Entry, LedgerTransaction, Market, Usage
 from portal.http import PortalRequest
@@ -96,11 +96,11 @@ class HistoryRow:
         return cls(usage.slice, usage.started, market, usage.billed_minutes, usage.per_minute, usage.open)
 
     @classmethod
-    def of_holding(cls, found: credit.Running) -> HistoryRow:
+    def of_holding(cls, found: costs.Running) -> HistoryRow:
         held = found.held
         assert held.held_from is not None
         market = Market(prices.market_of(held)).label
-        running = credit.ended_at(held) is None
+        running = costs.ended_at(held) is None
         return cls(held, held.held_from, market, found.minutes, found.per_minute, running, charged=False)
 
 
@@ -127,10 +127,10 @@ def account(request: PortalRequest) -> HttpResponse:
 
 
 def _summary(user: User) -> dict[str, object]:
-    wallet = credit.wallet(user)
-    budget = credit.budget_for(user)
-    month = credit.month_of(timezone.now())
-    spent = credit.spent(budget, month) if budget else None
+    wallet = costs.wallet(user)
+    budget = budgets.budget_for(user)
+    month = budgets.month_of(timezone.now())
+    spent = budgets.spent(budget, month) if budget else None
     left = wallet.time_left
     return {
         "wallet": wallet,
@@ -146,7 +146,7 @@ def _summary(user: User) -> dict[str, object]:
         "spent_value": spent,
         "budget_low": str(budget.monthly / 2) if budget else "",
         "budget_high": str(budget.monthly * 4 / 5) if budget else "",
-        "alerts": list(credit.alerts_for(user, month)),
+        "alerts": list(budgets.alerts_for(user, month)),
         "month": month,
     }
 
@@ -207,8 +207,8 @@ def _not_yet_charged(unopened: list[Slice], listed: set[int]) -> list[HistoryRow
     """Holdings begun but not yet seen by the meter (it opens them at its next tick): their cost so far,
     from their recorded moments at the rate the meter will freeze. One no price covers is not billed."""
     holdings = [held for held in unopened if held.pk not in listed]
-    costs = credit.running_costs(holdings)
-    return [HistoryRow.of_holding(costs[held.pk]) for held in holdings if held.pk in costs]
+    found = costs.running_costs(holdings)
+    return [HistoryRow.of_holding(found[held.pk]) for held in holdings if held.pk in found]
 
 
 def _days(usages: QuerySet[Usage], rows: list[HistoryRow]) -> list[tuple[Day, str]]:
@@ -242,11 +242,11 @@ def _own_holding(user: User, slice_id: int) -> Slice:
 def holding_cost(request: PortalRequest, slice_id: int) -> HttpResponse:
     """The cost so far of one holding: htmx fetches it again when its next minute starts."""
     held = _own_holding(_person(request), slice_id)
-    return render(request, COST, cost_context(held, credit.running(held)))
+    return render(request, COST, cost_context(held, costs.running(held)))
 
 
-def cost_context(held: Slice, found: credit.Running | None) -> dict[str, object]:
-    """The card's cost of one holding, from its ``credit.Running`` (None: no price covers it)."""
+def cost_context(held: Slice, found: costs.Running | None) -> dict[str, object]:
+    """The card's cost of one holding, from its ``costs.Running`` (None: no price covers it)."""
     live = found is not None and held.held_until is None and held.released_at is None
     return {
         "held": held,
@@ -270,7 +270,7 @@ def notices_context(user: User) -> dict[str, object]:
     return {
         "zero_balance": credit.zero_balance_text(stop.stop_at) if stop and empty else "",
         "stopped": bool(stop and stop.stopped_at and empty),
-        "alerts": list(credit.alerts_for(user, credit.month_of(timezone.now()))),
+        "alerts": list(budgets.alerts_for(user, budgets.month_of(timezone.now()))),
     }
 
 
@@ -280,13 +280,13 @@ def budget(request: PortalRequest) -> HttpResponse:
     """A person sets or removes their own monthly budget."""
     user = _person(request)
     if request.POST.get("remove"):
-        credit.remove_budget(by=user, user=user)
+        budgets.remove_budget(by=user, user=user)
         messages.info(request, "Your budget is removed.")
         return redirect("billing-account")
     form = BudgetForm(request.POST)
     if form.is_valid():
         try:
-            set_to = credit.set_budget(form.cleaned_data["monthly"], by=user, user=user)
+            set_to = budgets.set_budget(form.cleaned_data["monthly"], by=user, user=user)
         except ValidationError as error:
             form.add_error("monthly", error)
         else:

@@ -10,7 +10,9 @@ from typing import Any, Protocol
 from django import template
 from django.contrib.auth.models import User
 
-from billing import credit, money, wallet
+from billing import money, wallet
+from billing.costs import Running, running, running_costs
+from billing.costs import wallet as wallet_of
 from billing.launch import duration
 from sessions.gpus.models import Slice
 
@@ -18,12 +20,12 @@ register = template.Library()
 
 
 @register.inclusion_tag(wallet.COST)
-def holding_cost(held: Slice | None, costs: Mapping[int, credit.Running] | None = None) -> dict[str, Any]:
+def holding_cost(held: Slice | None, costs: Mapping[int, Running] | None = None) -> dict[str, Any]:
     """A holding's cost so far; a page that shows many passes ``costs`` (``session_costs``), read in a fixed
     number of queries for all of them, rather than having each card ask again."""
     if held is None or held.held_from is None:
         return {"held": None}
-    found = costs.get(held.pk) if costs is not None else credit.running(held)
+    found = costs.get(held.pk) if costs is not None else running(held)
     return wallet.cost_context(held, found)
 
 
@@ -34,9 +36,9 @@ class Holding(Protocol):
 
 
 @register.simple_tag
-def session_costs(sessions: Iterable[Holding]) -> dict[int, credit.Running]:
+def session_costs(sessions: Iterable[Holding]) -> dict[int, Running]:
     """The costs so far of the slices these workloads hold (their slices and GPUs loaded), for ``holding_cost``."""
-    return credit.running_costs([session.slice for session in sessions if session.slice is not None])
+    return running_costs([session.slice for session in sessions if session.slice is not None])
 
 
 @register.inclusion_tag(wallet.NOTICES)
@@ -46,7 +48,7 @@ def billing_notices(user: User) -> dict[str, Any]:
 
 @register.inclusion_tag("billing/partials/credit_card.html")
 def credit_card(user: User) -> dict[str, Any]:
-    found = credit.wallet(user)
+    found = wallet_of(user)
     left = found.time_left
     return {
         "balance": money.shown(found.balance),

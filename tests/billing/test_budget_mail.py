@@ -14,7 +14,7 @@ from django.core import mail
 from django.test import Client, TestCase
 from django.urls import reverse
 
-from billing import credit, meter
+from billing import budget_mail, budgets, meter
 from billing.models import BudgetAlert
 from tests.billing.conftest import Hold
 
@@ -34,7 +34,7 @@ def closed_port() -> Iterator[int]:
 def check_budgets_and_commit(now: datetime | None = None) -> int:
     """One beat check, its after-commit work (the mail) run as a committed check would run it."""
     with TestCase.captureOnCommitCallbacks(execute=True):
-        return credit.check_budgets(now)
+        return budgets.check_budgets(now)
 
 
 def alerts_on_the_dashboard(user: User) -> int:
@@ -51,7 +51,7 @@ def test_a_budget_alert_whose_mail_failed_stays_due_and_a_later_check_sends_it_o
 ) -> None:
     settings.EMAIL_BACKEND, settings.EMAIL_HOST, settings.EMAIL_PORT = SMTP, "127.0.0.1", closed_port
     settings.EMAIL_TIMEOUT = 5
-    credit.set_budget("1.00", by=alice, user=alice)
+    budgets.set_budget("1.00", by=alice, user=alice)
     hold(alice, timedelta(minutes=4), lasted=timedelta(minutes=4))  # 0.57 of 1.00: the 50 % alert
     meter.tick()
 
@@ -83,14 +83,14 @@ def test_one_refused_mail_holds_back_none_that_went_before_it(
     closed_port: int,
     settings,  # type: ignore[no-untyped-def]
 ) -> None:
-    credit.set_budget("1.00", by=alice, user=alice)
+    budgets.set_budget("1.00", by=alice, user=alice)
     hold(alice, timedelta(minutes=4), lasted=timedelta(minutes=4))
     meter.tick()
     assert check_budgets_and_commit() == 1  # the memory backend: alice's went
     assert len(mail.outbox) == 1
 
     settings.EMAIL_BACKEND, settings.EMAIL_HOST, settings.EMAIL_PORT = SMTP, "127.0.0.1", closed_port
-    credit.set_budget("1.00", by=bob, user=bob)
+    budgets.set_budget("1.00", by=bob, user=bob)
     hold(bob, timedelta(minutes=8), lasted=timedelta(minutes=8))  # 1.13: 50, 80 and 100 %
     meter.tick()
     assert check_budgets_and_commit() == 3
@@ -106,7 +106,7 @@ def test_one_refused_mail_holds_back_none_that_went_before_it(
 
 def test_an_alert_for_someone_without_a_mail_address_is_not_left_due(hold: Hold, alice: User) -> None:
     User.objects.filter(pk=alice.pk).update(email="")
-    credit.set_budget("1.00", by=alice, user=alice)
+    budgets.set_budget("1.00", by=alice, user=alice)
     hold(alice, timedelta(minutes=4), lasted=timedelta(minutes=4))
     meter.tick()
     assert check_budgets_and_commit() == 1
@@ -121,7 +121,7 @@ def test_a_mail_that_fails_for_a_week_is_given_up_on_the_record_staff_see_in_the
 ) -> None:
     settings.EMAIL_BACKEND, settings.EMAIL_HOST, settings.EMAIL_PORT = SMTP, "127.0.0.1", closed_port
     settings.EMAIL_TIMEOUT = 5
-    credit.set_budget("1.00", by=alice, user=alice)
+    budgets.set_budget("1.00", by=alice, user=alice)
     hold(alice, timedelta(minutes=4), lasted=timedelta(minutes=4))
     meter.tick()
     assert check_budgets_and_commit() == 1
@@ -134,7 +134,7 @@ def test_a_mail_that_fails_for_a_week_is_given_up_on_the_record_staff_see_in_the
     assert alert.mail_due and alert.mail_given_up_at is None
 
     settings.EMAIL_BACKEND = MEMORY  # the server is back, but a week and a day after the alert
-    a_week_on = alert.sent_at + credit.MAIL_RETRY_FOR + timedelta(days=1)
+    a_week_on = alert.sent_at + budget_mail.MAIL_RETRY_FOR + timedelta(days=1)
     check_budgets_and_commit(a_week_on)
     alert.refresh_from_db()
     assert not alert.mail_due and alert.mailed_at is None and alert.mail_given_up_at == a_week_on

@@ -13,7 +13,7 @@ from django.test import Client
 from django.urls import reverse
 from django.utils import timezone
 
-from billing import credit, ledger, meter, money
+from billing import costs, credit, ledger, meter, money
 from billing.models import CreditStop, LedgerTransaction
 from sessions.gpus import holdings
 from sessions.gpus.models import Slice
@@ -88,10 +88,10 @@ def test_people_who_are_not_staff_cannot_open_or_post_to_the_credit_page(alice: 
 
 def test_burn_rate_and_time_left_follow_what_runs(hold: Hold, alice: User, staff: User) -> None:
     ledger.grant_credit(alice, "17.00", by=staff, reason="course")
-    assert credit.wallet(alice).time_left is None  # nothing burns
+    assert costs.wallet(alice).time_left is None  # nothing burns
     hold(alice, timedelta(seconds=30))
     hold(alice, timedelta(seconds=30))
-    wallet = credit.wallet(alice)
+    wallet = costs.wallet(alice)
     assert wallet.burn_per_hour == 2 * A100_HOUR
     assert abs(wallet.time_left - timedelta(hours=1)) < timedelta(seconds=2)  # type: ignore[operator]
     assert [r.cost for r in wallet.running] == [A100_HOUR / 60] * 2  # the first minute is due at once
@@ -102,13 +102,13 @@ def test_a_cost_so_fars_next_refresh_counts_from_the_databases_moment_not_the_we
 ) -> None:
     held = hold(alice, timedelta(minutes=10))
     assert held.held_from is not None
-    found = credit.running_costs([held], now=held.held_from + timedelta(seconds=30))[held.pk]
+    found = costs.running_costs([held], now=held.held_from + timedelta(seconds=30))[held.pk]
     assert found.minutes == 1 and found.next_minute_in == 30.0  # the web's clock would say 9 minutes late
 
 
 def test_a_holding_that_ended_no_longer_burns(hold: Hold, alice: User) -> None:
     hold(alice, timedelta(minutes=5), lasted=timedelta(minutes=2))
-    assert credit.wallet(alice).burn_per_hour == 0
+    assert costs.wallet(alice).burn_per_hour == 0
 
 
 def test_a_launch_the_credit_cannot_carry_is_refused_before_anything_is_allocated(
@@ -185,7 +185,7 @@ def test_a_session_stopped_for_credit_is_charged_to_the_moment_its_container_is_
     meter.charge_holding(session.slice_id)  # type: ignore[arg-type]
     session.refresh_from_db()
     assert session.ended_reason == NotebookSession.EndReason.CREDIT
-    rate = credit.per_minute_of(Slice.objects.get(pk=session.slice_id or 0))
+    rate = costs.per_minute_of(Slice.objects.get(pk=session.slice_id or 0))
     assert rate is not None and ledger.balance(alice) == -8 * rate  # minutes 0..7: the eighth had begun
 
 

@@ -9,7 +9,7 @@ import pytest
 from channels.db import database_sync_to_async
 from django.contrib.auth.models import User
 
-from billing import credit, meter
+from billing import budgets, credit, meter
 from tests.billing.conftest import Hold
 from tests.helpers.websockets import open_socket
 
@@ -30,13 +30,13 @@ async def test_a_zero_balance_warning_is_pushed_to_its_owner_only(hold: Hold, al
 
 
 async def test_a_budget_alert_is_pushed_once(hold: Hold, alice: User) -> None:
-    await database_sync_to_async(credit.set_budget)("0.20", by=alice, user=alice)
+    await database_sync_to_async(budgets.set_budget)("0.20", by=alice, user=alice)
     await database_sync_to_async(hold)(alice, timedelta(minutes=1), lasted=timedelta(seconds=90))  # 0.28: 100 %
     await database_sync_to_async(meter.tick)()
     socket, _, _ = await open_socket("/ws/notifications/", alice)
-    assert await database_sync_to_async(credit.check_budgets)() == 3
+    assert await database_sync_to_async(budgets.check_budgets)() == 3
     thresholds = [(await socket.receive_json_from(timeout=5))["threshold"] for _ in range(3)]
     assert thresholds == [50, 80, 100]
-    assert await database_sync_to_async(credit.check_budgets)() == 0
+    assert await database_sync_to_async(budgets.check_budgets)() == 0
     assert await socket.receive_nothing(timeout=0.5)
     await socket.disconnect()

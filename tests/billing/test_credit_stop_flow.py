@@ -26,7 +26,7 @@ from django.utils import timezone
 from websockets.sync.client import ClientConnection, connect
 from websockets.typing import Origin
 
-from billing import credit, ledger, meter, seeds
+from billing import costs, credit, ledger, meter, seeds
 from billing.models import ChargedMinute, CreditStop, Price, Usage
 from portal.clock import database_now
 from sessions.gpus.allocator import SliceRequest
@@ -94,7 +94,7 @@ def test_at_zero_balance_a_real_session_is_warned_then_stopped_through_the_hub_a
     assert len(runtime.containers_for("session", str(session.pk))) == 1
     started = session.container_started_at
     assert started is not None and session.slice is not None
-    rate = credit.per_minute_of(session.slice)
+    rate = costs.per_minute_of(session.slice)
     assert rate is not None and rate > 0
     ledger.grant_credit(alice, (2 * rate).quantize(CENT, rounding=ROUND_DOWN), by=staff, reason="trial")
     assert credit.check_balances() == {"warned": 0, "stopped": 0, "cleared": 0}  # credit left: nothing happens

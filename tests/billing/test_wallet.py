@@ -12,7 +12,7 @@ from django.test import Client
 from django.urls import reverse
 from django.utils import timezone
 
-from billing import credit, ledger, meter
+from billing import budgets, costs, ledger, meter
 from billing.models import Budget, BudgetAlert, Price
 from portal.clock import database_now
 from sessions.gpus import holdings
@@ -108,17 +108,17 @@ def test_people_set_their_own_budget_but_not_a_groups(alice: User) -> None:
 
 
 def test_budget_alerts_go_out_once_each_by_mail_and_on_the_page(hold: Hold, alice: User, staff: User) -> None:
-    credit.set_budget("1.00", by=alice, user=alice)
+    budgets.set_budget("1.00", by=alice, user=alice)
     hold(alice, timedelta(minutes=4), lasted=timedelta(minutes=4))  # 4 minutes: 0.57 of 1.00
     meter.tick()
     with django_capture_on_commit() as callbacks:
-        assert credit.check_budgets() == 1
+        assert budgets.check_budgets() == 1
     assert [a.threshold for a in BudgetAlert.objects.all()] == [50]
     assert callbacks and len(mail.outbox) == 1 and "50 % of your budget" in mail.outbox[0].body
     assert mail.outbox[0].to == ["alice@example.org"]
     hold(alice, timedelta(minutes=4), lasted=timedelta(minutes=4))  # 1.13 now: 80 and 100 too
     meter.tick()
-    assert credit.check_budgets() == 2 and credit.check_budgets() == 0
+    assert budgets.check_budgets() == 2 and budgets.check_budgets() == 0
     assert sorted(BudgetAlert.objects.values_list("threshold", flat=True)) == [50, 80, 100]
     page = client_of(alice).get(reverse("dashboard")).content.decode()
     assert "100 % of your budget" in page and "80 % of your budget" in page
@@ -127,11 +127,11 @@ def test_budget_alerts_go_out_once_each_by_mail_and_on_the_page(hold: Hold, alic
 def test_a_group_budget_alerts_every_member(hold: Hold, alice: User, bob: User, staff: User) -> None:
     team = Group.objects.create(name="team")
     team.user_set.add(alice, bob)
-    credit.set_budget("1.00", by=staff, group=team)
+    budgets.set_budget("1.00", by=staff, group=team)
     hold(alice, timedelta(minutes=3), lasted=timedelta(minutes=3))
     hold(bob, timedelta(minutes=3), lasted=timedelta(minutes=3))  # together 0.85: 50 and 80 %
     meter.tick()
-    assert credit.check_budgets() == 2
+    assert budgets.check_budgets() == 2
     assert "the group team" in client_of(bob).get(reverse("dashboard")).content.decode()
 
 
@@ -171,7 +171,7 @@ def test_the_session_card_shows_its_cost_so_far(fleet: object, alice: User, alic
     holdings.started(session.slice_id, database_now())  # type: ignore[arg-type]  # the meter's clock
     session.slice.refresh_from_db()  # type: ignore[union-attr]
     page = alice_client.get(reverse("session-list")).content.decode()
-    rate = credit.per_minute_of(session.slice)  # type: ignore[arg-type]
+    rate = costs.per_minute_of(session.slice)  # type: ignore[arg-type]
     assert rate is not None and f'Cost: <span class="holding-cost" id="cost-{session.slice_id}"' in page
     assert f"{rate.quantize(Decimal('0.01'))} CNY" in page and "1 started minute" in page
 
@@ -224,6 +224,6 @@ def test_what_runs_is_named_as_its_owner_named_it_for_every_kind_of_workload(fle
     assert session.slice is not None
     for held in (session.slice, rendering):
         holdings.started(held.pk, database_now() - timedelta(seconds=30))
-    found = {running.held.pk: running.what for running in credit.wallet(alice).running}
+    found = {running.held.pk: running.what for running in costs.wallet(alice).running}
     assert found[session.slice.pk].startswith("thesis · ")
     assert found[rendering.pk].startswith("shot.blend · ")

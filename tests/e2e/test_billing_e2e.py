@@ -12,7 +12,7 @@ import pytest
 from django.contrib.auth.models import User
 from playwright.sync_api import Page, expect
 
-from billing import credit, ledger, meter, money, seeds
+from billing import costs, credit, ledger, meter, money, seeds
 from billing.models import Price
 from billing.tasks import charge_accrued
 from portal.clock import database_now
@@ -84,7 +84,7 @@ def test_a_person_starts_a_priced_session_by_clicking_and_sees_its_cost_and_the_
     expect(card.get_by_text("Running", exact=True)).to_be_visible(timeout=60_000)
     session = NotebookSession.objects.get(owner=alice, server_name="paid")
     assert session.slice is not None
-    rate = credit.per_minute_of(session.slice)
+    rate = costs.per_minute_of(session.slice)
     assert rate is not None
     expect(card.get_by_test_id("cost")).to_have_text(money.shown(rate), timeout=15_000)  # its first minute
 
