@@ -21,7 +21,6 @@ import random
 import subprocess
 import sys
 import tempfile
-from collections import Counter
 from collections.abc import Callable, Sequence
 from functools import cache, partial
 from pathlib import Path
@@ -95,7 +94,9 @@ def draw(model: GpuModel, weigh: Callable[[Profile], float], rng: random.Random,
     return rng.choices(profiles, [weigh(p) for p in profiles], k=count)
 
 
-def served(model: GpuModel, gpus: int, sequence: list[Profile], rule: Rule, seen: Counter[str] | None = None) -> int:
+def served(
+    model: GpuModel, gpus: int, sequence: list[Profile], rule: Rule, seen: placement.Recent | None = None
+) -> int:
     """How many requests of the sequence the rule places before its first refusal.
 
     With ``seen``, the rule is ours learning as the portal does: each request is placed
@@ -105,12 +106,12 @@ def served(model: GpuModel, gpus: int, sequence: list[Profile], rule: Rule, seen
     layouts = [Layout()] * gpus
     for number, profile in enumerate(sequence):
         if seen is not None:
-            rule = partial(placement.by_history, requested=seen)
+            rule = partial(placement.by_history, requested=seen.counts)
         choice = rule(model, list(enumerate(layouts)), profile)
         if choice is None:
             return number
         if seen is not None:
-            seen[profile.name] += 1
+            seen.add(profile.name)
         index, start = choice
         layouts = [*layouts[:index], layouts[index].with_instance(profile, start), *layouts[index + 1 :]]
     return len(sequence)
@@ -171,17 +172,17 @@ def packing_cell(args: argparse.Namespace, model: GpuModel, gpus: int, weigh: Ca
         "prior": placement.choose,  # the rule before it learned: the prior demand, always
         "first_fit": placement.first_fit,
     }
-    seen: Counter[str] = Counter()  # what the learning rule has placed so far, in this cell's run
+    seen = placement.Recent()  # what the learning rule has placed so far, in this cell's run (its last 200)
     other = small_heavy if weigh is two_three_heavy else two_three_heavy
     # Its own generator: the cell's sequences stay those of the other columns' runs.
     taught = random.Random(f"{args.seed}:{model.name}:{gpus}:{weigh.__name__}:misled")
-    misled = Counter(profile.name for profile in draw(model, other, taught, 2000))  # what another mix taught it
+    misled = placement.Recent(profile.name for profile in draw(model, other, taught, 2000))  # another mix's
     totals = dict.fromkeys(("learned", "fresh", "misled", *rules, "optimum"), 0)
     for _ in range(args.sequences):
         sequence = draw(model, weigh, rng, args.length)
         totals["optimum"] += optimum(model, gpus, sequence)
         totals["learned"] += served(model, gpus, sequence, placement.choose, seen)
-        totals["fresh"] += served(model, gpus, sequence, placement.choose, Counter())
+        totals["fresh"] += served(model, gpus, sequence, placement.choose, placement.Recent())
         totals["misled"] += served(model, gpus, sequence, placement.choose, misled)
         for name, rule in rules.items():
             totals[name] += served(model, gpus, sequence, rule)
@@ -222,7 +223,7 @@ def churn(args: argparse.Namespace, weigh: Callable[[Profile], float], rule: Rul
     departures: list[tuple[float, int, int, int, str]] = []
     now, asked, refused = 0.0, 0.0, 0.0
     warm_up = args.churn_requests // 10
-    seen: Counter[str] = Counter()
+    seen = placement.Recent()
     for number in range(args.churn_requests):
         now += rng.expovariate(rate)
         profile, hold = rng.choices(profiles, weights)[0], rng.expovariate(1.0)
@@ -231,7 +232,7 @@ def churn(args: argparse.Namespace, weigh: Callable[[Profile], float], rule: Rul
             layouts[index] = layouts[index].without_instance(H200.profile(name), start)
         candidates = list(enumerate(layouts))
         if rule is None:
-            choice = placement.by_history(H200, candidates, profile, seen)
+            choice = placement.by_history(H200, candidates, profile, seen.counts)
         else:
             choice = rule(H200, candidates, profile)
         if number >= warm_up:
@@ -239,7 +240,7 @@ def churn(args: argparse.Namespace, weigh: Callable[[Profile], float], rule: Rul
         if choice is None:
             refused += profile.compute_slices * hold if number >= warm_up else 0.0
             continue
-        seen[profile.name] += 1
+        seen.add(profile.name)
         index, start = choice
         layouts[index] = layouts[index].with_instance(profile, start)
         heapq.heappush(departures, (now + hold, number, index, start, profile.name))

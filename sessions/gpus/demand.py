@@ -1,6 +1,6 @@
 """What people ask for on each GPU model: the demand the placement rule weighs layouts by.
 
-Learned from the profiles of the MIG slices allocated in the last ``WINDOW``,
+Learned from the profiles of the last ``placement.RECENT_REQUESTS`` MIG slices allocated in the last ``WINDOW``,
 with the prior as the start (``placement.learned``), and kept in this process
 for ``REFRESH_SECONDS`` so a launch does not pay a query.
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from datetime import datetime, timedelta
 
-from django.db.models import Count
+from django.db.models import Count, Subquery
 from django.utils import timezone
 
 from sessions.gpus import catalog, placement
@@ -39,17 +39,15 @@ def for_model(model_name: str) -> Demand | None:
 
 
 def requested(model_name: str, since: datetime | None = None) -> dict[str, int]:
-    """How many MIG slices of each profile were allocated on this model's GPUs since ``since`` (default: a window ago).
+    """How many of this model's last ``placement.RECENT_REQUESTS`` MIG slices, allocated since ``since``
+    (default: a window ago), were of each profile.
 
     Released slices count as much as held ones: they were asked for all the same.
     """
     since = since or timezone.now() - WINDOW
-    rows = (
-        Slice.objects.filter(kind=Slice.Kind.MIG, gpu__model_name=model_name, allocated_at__gte=since)
-        .values_list("profile")
-        .annotate(count=Count("id"))
-        .order_by()
-    )
+    mig = Slice.objects.filter(kind=Slice.Kind.MIG, gpu__model_name=model_name, allocated_at__gte=since)
+    recent = mig.order_by("-allocated_at", "-id").values("id")[: placement.RECENT_REQUESTS]
+    rows = Slice.objects.filter(id__in=Subquery(recent)).values_list("profile").annotate(count=Count("id")).order_by()
     return dict(rows)
 
 

@@ -10,6 +10,7 @@ requests with a prior as the start (``learned``; ``demand.py`` reads it).
 
 from __future__ import annotations
 
+from collections import Counter, deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cache, cached_property, lru_cache
@@ -135,10 +136,14 @@ def demand_weight(profile: Profile) -> float:
 
 DEMAND_STEPS = 200  # weights in steps of 0.5 %: a demand that drifts by less keeps its cached tables
 PRIOR_REQUESTS = 24  # the prior counts as this many requests already seen: a couple of dozen launches outweigh it
-# Requests of a model seen (in the window) before its learned demand is trusted over first-fit. Before that the
-# demand is mostly the prior, a guess: on a mix unlike it (mostly 2g and 3g, say) the value rule under the prior
-# places worse than first-fit, which assumes nothing. Twice the prior's weight: the seen requests outweigh it.
-TRUSTED_REQUESTS = 2 * PRIOR_REQUESTS
+# Requests of a model seen before its learned demand is trusted over first-fit. Before that the demand is mostly
+# the prior, a guess: on a mix unlike it (mostly 2g and 3g, say) the value rule under the prior places worse than
+# first-fit, which assumes nothing. As many as the prior weighs: from then on the seen requests weigh at least as
+# much as the guess.
+TRUSTED_REQUESTS = PRIOR_REQUESTS
+# The demand is learned from a model's last this many requests (within demand.WINDOW), so a mix that changes is
+# followed within a couple of hundred launches instead of the weeks a long history would take to outweigh.
+RECENT_REQUESTS = 200
 
 
 @dataclass(frozen=True)
@@ -327,6 +332,23 @@ def choose(
         if found is not None and (best is None or layout.compute_used > best[0] or found[1] < best[1]):
             best = (layout.compute_used, found[1], key, found[0])
     return None if best is None else (best[2], best[3])
+
+
+class Recent:
+    """The last ``RECENT_REQUESTS`` requests' profiles, counted (``counts``), as ``demand.requested`` reads them
+    from the slices given: what a benchmark or a test feeds ``by_history`` as requests come."""
+
+    def __init__(self, names: Iterable[str] = (), keep: int = RECENT_REQUESTS) -> None:
+        self.names: deque[str] = deque(maxlen=keep)
+        self.counts: Counter[str] = Counter()
+        for name in names:
+            self.add(name)
+
+    def add(self, name: str) -> None:
+        if len(self.names) == self.names.maxlen:
+            self.counts[self.names[0]] -= 1
+        self.names.append(name)
+        self.counts[name] += 1
 
 
 def trusted(requested: Mapping[str, int]) -> bool:

@@ -115,3 +115,14 @@ def test_after_2g_and_3g_requests_one_h200_takes_a_2g_a_3g_and_a_2g(mixed_fleet:
 def release_all(owner: User, slices: list[Slice]) -> None:
     for each in slices:
         release(each.pk)
+
+
+def test_the_demand_is_the_last_few_hundred_requests_so_a_changed_mix_is_followed(
+    mixed_fleet: list[Gpu], many_slices: User
+) -> None:
+    for _ in range(placement.RECENT_REQUESTS // 20):
+        release_all(many_slices, take(many_slices, ["1g.18gb"] * 20))
+    for _ in range(50 // 5):  # the mix changes: 3g now
+        release_all(many_slices, take(many_slices, ["3g.71gb"] * 5))
+    counted = demand.requested(H200.name)
+    assert counted == {"1g.18gb": placement.RECENT_REQUESTS - 50, "3g.71gb": 50}

@@ -120,7 +120,7 @@ def test_from_its_first_request_the_portal_s_rule_is_never_worse_than_first_fit(
 
     assert serve({}) == [0, 4, 2]  # first-fit's
     assert placement.choose(H200, [(0, placement.Layout())], sequence[0]) == (0, 4)  # the prior's bet, not taken
-    thin = {"2g.35gb": 20, "3g.71gb": 20}
+    thin = {"2g.35gb": 10, "3g.71gb": 10}
     assert not placement.trusted(thin) and serve(thin) == [0, 4, 2]
     mostly_1g = {"1g.18gb": placement.TRUSTED_REQUESTS, "4g.71gb": 10}
     assert placement.trusted(mostly_1g)
@@ -206,3 +206,11 @@ def test_a_layout_and_a_demand_pickled_here_are_found_by_another_process() -> No
     env = {**os.environ, "PYTHONHASHSEED": "12345"}
     done = subprocess.run([sys.executable, "-c", program], input=sent, capture_output=True, env=env, check=True)
     assert done.stdout.decode().split() == ["found", "found"]
+
+
+def test_the_recent_requests_keep_the_last_ones_counted() -> None:
+    recent = placement.Recent(["1g.18gb"] * 5, keep=6)
+    for name in ("3g.71gb", "3g.71gb", "2g.35gb"):
+        recent.add(name)
+    assert +recent.counts == {"1g.18gb": 3, "3g.71gb": 2, "2g.35gb": 1}
+    assert list(recent.names) == ["1g.18gb"] * 3 + ["3g.71gb", "3g.71gb", "2g.35gb"]
