@@ -373,6 +373,7 @@ def _user_network() -> UserNetwork:
             env.text("PORTAL_NOTEBOOK_SUBNET", network.DEFAULT_SUBNET),
             env.flag("PORTAL_NOTEBOOK_INTERNET", True),
             env.integer("PORTAL_HUB_PORT", network.DEFAULT_HUB_PORT, minimum=1),
+            env.text("PORTAL_NOTEBOOK_BLOCKED_RANGES", ""),
         )
     except network.NetworkSpecError as error:
         raise ImproperlyConfigured(str(error)) from None

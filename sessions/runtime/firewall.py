@@ -28,21 +28,6 @@ from pathlib import Path
 
 from sessions.runtime.network import UserNetwork
 
-# Where a container must never be forwarded to, internet or not.
-BLOCKED_RANGES = (
-    "0.0.0.0/8",
-    "10.0.0.0/8",
-    "100.64.0.0/10",
-    "127.0.0.0/8",
-    "169.254.0.0/16",
-    "172.16.0.0/12",
-    "192.0.0.0/24",
-    "192.0.2.0/24",
-    "192.168.0.0/16",
-    "198.18.0.0/15",
-    "224.0.0.0/3",
-)
-
 
 class FirewallError(RuntimeError):
     """The rules could not be read or written; the message says what and how to fix it."""
@@ -92,7 +77,7 @@ def outbound_rules(network: UserNetwork, chain: str, resolvers: list[str]) -> li
     if not network.internet:
         return [f"-A {chain} {refuse}"]
     rules = [f"-A {chain} -p {proto} -d {ip} --dport 53 -j RETURN" for ip in resolvers for proto in ("udp", "tcp")]
-    rules += [f"-A {chain} -d {blocked} {refuse}" for blocked in BLOCKED_RANGES]
+    rules += [f"-A {chain} -d {blocked} {refuse}" for blocked in network.blocked]
     return [*rules, f"-A {chain} -j RETURN"]
 
 

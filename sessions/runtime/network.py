@@ -19,6 +19,24 @@ NAME = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9_.-]{0,62}$")
 DEFAULT_NAME = "gpu-portal"
 DEFAULT_SUBNET = "10.88.0.0/24"
 DEFAULT_HUB_PORT = 8081
+# Where a notebook's connections are never forwarded, internet or not: every private, shared and special range
+# (the host's LAN, other Docker networks, cloud metadata). PORTAL_NOTEBOOK_BLOCKED_RANGES replaces the list (a
+# lab or an overlay the portal itself needs, say); link-local, where metadata services answer, and the
+# notebooks' own subnet stay blocked whatever it says.
+DEFAULT_BLOCKED = (
+    "0.0.0.0/8",
+    "10.0.0.0/8",
+    "100.64.0.0/10",
+    "127.0.0.0/8",
+    "169.254.0.0/16",
+    "172.16.0.0/12",
+    "192.0.0.0/24",
+    "192.0.2.0/24",
+    "192.168.0.0/16",
+    "198.18.0.0/15",
+    "224.0.0.0/3",
+)
+ALWAYS_BLOCKED = ("169.254.0.0/16",)
 
 
 class NetworkSpecError(ValueError):
@@ -31,6 +49,7 @@ class UserNetwork:
     subnet: ipaddress.IPv4Network
     internet: bool
     hub_port: int
+    blocked: tuple[ipaddress.IPv4Network, ...] = tuple(ipaddress.IPv4Network(block) for block in DEFAULT_BLOCKED)
 
     @property
     def isolated(self) -> bool:
@@ -52,7 +71,7 @@ class UserNetwork:
         return f"http://{self.gateway}:{self.hub_port}"
 
 
-def parse(name: str, subnet: str, internet: bool, hub_port: int) -> UserNetwork:
+def parse(name: str, subnet: str, internet: bool, hub_port: int, blocked: str = "") -> UserNetwork:
     if name != HOST and not NAME.match(name):
         raise NetworkSpecError(f"PORTAL_NOTEBOOK_NETWORK must be a Docker network name or 'host' (got {name!r}).")
     try:
@@ -63,7 +82,24 @@ def parse(name: str, subnet: str, internet: bool, hub_port: int) -> UserNetwork:
         raise NetworkSpecError(f"PORTAL_NOTEBOOK_SUBNET must be a private subnet between /16 and /28 (got {subnet!r}).")
     if not 1 <= hub_port <= 65535:
         raise NetworkSpecError(f"PORTAL_HUB_PORT must be a port number (got {hub_port}).")
-    return UserNetwork(name=name, subnet=network, internet=internet, hub_port=hub_port)
+    return UserNetwork(name, network, internet, hub_port, _blocked(blocked, network))
+
+
+def _blocked(text: str, subnet: ipaddress.IPv4Network) -> tuple[ipaddress.IPv4Network, ...]:
+    """The ranges a comma-separated setting names (empty: DEFAULT_BLOCKED), with ALWAYS_BLOCKED and the notebooks'
+    own subnet added where the list does not already cover them."""
+    ranges = []
+    for item in [part.strip() for part in (text or ",".join(DEFAULT_BLOCKED)).split(",") if part.strip()]:
+        try:
+            ranges.append(ipaddress.IPv4Network(item, strict=True))
+        except ValueError as error:
+            raise NetworkSpecError(
+                f"PORTAL_NOTEBOOK_BLOCKED_RANGES must list IPv4 ranges such as 10.0.0.0/8, comma-separated: {error}"
+            ) from None
+    for must in [*(ipaddress.IPv4Network(block) for block in ALWAYS_BLOCKED), subnet]:
+        if not any(must.subnet_of(block) for block in ranges):
+            ranges.append(must)
+    return tuple(ranges)
 
 
 def from_environ(environ: Mapping[str, str]) -> UserNetwork:
@@ -74,4 +110,5 @@ def from_environ(environ: Mapping[str, str]) -> UserNetwork:
         environ.get("PORTAL_NOTEBOOK_SUBNET", "").strip() or DEFAULT_SUBNET,
         internet,
         int(environ.get("PORTAL_HUB_PORT", "").strip() or DEFAULT_HUB_PORT),
+        environ.get("PORTAL_NOTEBOOK_BLOCKED_RANGES", ""),
     )
