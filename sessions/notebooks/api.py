@@ -64,9 +64,13 @@ def spec(session: NotebookSession) -> dict[str, Any]:
     assert taken is not None
     labels = {"gpu-portal.session": str(session.pk)}
     container = spec_for(taken, session.image.image, network=settings.USER_NETWORK.name, labels=labels)
+    host = taken.gpu.host
+    if host.cpus:  # cut to the size its host's agent recorded: the spawner may run on another machine
+        container = container.within_host(host.cpus, host.memory_mib * 2**20 if host.memory_mib else None)
     return {
         "session": session.pk,
         "container": container.to_json(),
+        "sized_for_host": host.name if host.cpus else "",
         "environment": {"GPU_PORTAL_SESSION": str(session.pk), "GPU_PORTAL_SLICE": taken.describe()},
         "volume": WorkVolume.for_owner(session.owner_id).name,
     }

@@ -159,7 +159,9 @@ class PortalSpawner(DockerSpawner):
         """The portal's launch spec onto DockerSpawner: the container spec as the portal built it, applied by
         the same code as the Docker adapter's (ContainerSpec.host_config), plus JupyterLab's environment."""
         self.session_id = int(launch["session"])
-        spec = ContainerSpec.from_json(launch["container"]).within_host(os.cpu_count(), _host_memory())
+        spec = ContainerSpec.from_json(launch["container"])
+        if not launch.get("sized_for_host"):  # no agent has told the portal its host's size: this machine's
+            spec = spec.within_host(os.cpu_count(), _host_memory())
         self.image, self.network_name = spec.image, spec.network
         self.remove = True  # stop() removes it, after stop_object() has read how it ended
         # The limits are the host config's (NanoCpus); DockerSpawner's cpu_limit would add a CPU period

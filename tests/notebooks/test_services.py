@@ -196,6 +196,29 @@ def test_the_launch_spec_is_only_for_the_hub_and_only_for_a_starting_session(
         assert "start sessions from the portal" in answer.json()["error"]
 
 
+def test_the_launch_spec_is_cut_to_the_size_its_host_s_agent_recorded(
+    notebook_image: NotebookImage, alice: User
+) -> None:
+    """The spawner may run on another machine than the GPU host: the portal cuts the container's CPUs and memory
+    to the host's recorded size, and says so; until an agent has recorded one, the spawner cuts to its own."""
+    from sessions.gpus.models import GpuHost
+    from sessions.runtime.spec import HOST_MEMORY_SHARE
+
+    session = launch(alice, notebook_image, request=SliceRequest(kind=Slice.Kind.MIG, profile="7g.141gb"))
+    query = {"user": "alice", "server": "lab"}
+    unsized = hub_client().get("/internal/notebooks/launch-spec", query).json()
+    assert unsized["sized_for_host"] == "" and unsized["container"]["cpus"] == 14  # 7 compute slices x 2
+    assert session.slice is not None
+    host = session.slice.gpu.host
+    GpuHost.objects.filter(pk=host.pk).update(cpus=3, memory_mib=4096)
+    sized = hub_client().get("/internal/notebooks/launch-spec", query).json()
+    assert sized["sized_for_host"] == host.name
+    assert sized["container"]["cpus"] == 3
+    share, whole = HOST_MEMORY_SHARE
+    assert sized["container"]["mem_bytes"] == min(unsized["container"]["mem_bytes"], 4096 * 2**20 * share // whole)
+    assert sized["container"]["mem_bytes"] < unsized["container"]["mem_bytes"]
+
+
 @pytest.mark.parametrize("header", ["Bearer t\u00f6ken", "Bearer \u2603", "t\u00f6ken", "Basic abc"])
 def test_a_forged_or_non_ascii_bearer_token_is_refused_not_a_server_error(
     notebook_image: NotebookImage, alice: User, header: str
