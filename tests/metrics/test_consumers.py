@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+from typing import Any
 
 import pytest
 from channels.db import database_sync_to_async
@@ -115,15 +116,7 @@ async def test_a_frame_sent_on_connecting_is_not_sent_again_through_the_group(st
     await store.delete(latest_key())
     await store.hset(latest_key(), "dedupe", dumps(frame))
     try:
-        from channels.testing import WebsocketCommunicator
-
-        from portal.asgi import application
-        from tests.helpers.websockets import session_cookie
-
-        cookie = await database_sync_to_async(session_cookie)(staff)
-        headers = [(b"host", b"127.0.0.1:8000"), (b"origin", b"http://127.0.0.1:8000"), (b"cookie", cookie.encode())]
-        socket = WebsocketCommunicator(application, "/ws/metrics/fleet/", headers=headers)
-        assert (await socket.connect(timeout=5))[0]
+        socket = await fleet_socket(staff)
         assert json.loads(await socket.receive_from(timeout=5))["t"] == t  # on connecting
         layer = push.metrics_layer()
         await push.publish_frames(layer, dumps(frame), {}, t, "dedupe")  # the same tick, late
@@ -140,26 +133,34 @@ async def test_a_quiet_agent_s_last_frame_reaches_a_new_socket_marked_stale(staf
     """The latest frame of an agent that stopped 20 s ago is still in Redis: a page opening now gets it as
     stale, with its age, never as live."""
     import redis.asyncio as aioredis
-    from channels.testing import WebsocketCommunicator
     from django.conf import settings
 
-    from portal.asgi import application
     from sessions.metrics.agent import latest_key
     from sessions.metrics.frames import dumps
-    from tests.helpers.websockets import session_cookie
 
     frame = {"kind": "fleet", "agent": "quiet", "t": time.time() - 20, "gpus": []}
     store = aioredis.from_url(settings.REDIS_URL)
     await store.delete(latest_key())
     await store.hset(latest_key(), "quiet", dumps(frame))
     try:
-        cookie = await database_sync_to_async(session_cookie)(staff)
-        headers = [(b"host", b"127.0.0.1:8000"), (b"origin", b"http://127.0.0.1:8000"), (b"cookie", cookie.encode())]
-        socket = WebsocketCommunicator(application, "/ws/metrics/fleet/", headers=headers)
-        assert (await socket.connect(timeout=5))[0]
+        socket = await fleet_socket(staff)
         sent = json.loads(await socket.receive_from(timeout=5))
         assert sent["agent"] == "quiet" and sent["stale"] is True and sent["age"] >= 20
         await socket.disconnect()
     finally:
         await store.delete(latest_key())
         await store.aclose()
+
+
+async def fleet_socket(staff: User) -> Any:
+    """The fleet stream's socket, opened as ``staff`` through the whole ASGI application, connected."""
+    from channels.testing import WebsocketCommunicator
+
+    from portal.asgi import application
+    from tests.helpers.websockets import session_cookie
+
+    cookie = await database_sync_to_async(session_cookie)(staff)
+    headers = [(b"host", b"127.0.0.1:8000"), (b"origin", b"http://127.0.0.1:8000"), (b"cookie", cookie.encode())]
+    socket = WebsocketCommunicator(application, "/ws/metrics/fleet/", headers=headers)
+    assert (await socket.connect(timeout=5))[0]
+    return socket

@@ -8,7 +8,6 @@ from datetime import timedelta
 
 import pytest
 import redis
-from django.conf import settings as django_settings
 from django.contrib.auth.models import User
 from django.test import Client
 from django.utils import timezone
@@ -81,15 +80,6 @@ WHOLE_LABELS = {"gpu": "1", "UUID": WHOLE_GPU.uuid, "device": "nvidia1", "modelN
 def token(settings) -> str:  # type: ignore[no-untyped-def]
     settings.METRICS_TOKEN = TOKEN
     return TOKEN
-
-
-@pytest.fixture
-def store() -> Iterator[redis.Redis]:
-    client = redis.Redis.from_url(django_settings.REDIS_URL)
-    client.delete(latest_key())
-    yield client
-    client.delete(latest_key())
-    client.close()
 
 
 @pytest.fixture

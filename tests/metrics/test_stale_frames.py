@@ -5,26 +5,15 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
 
 import pytest
 import redis
-from django.conf import settings
 from django.contrib.auth.models import User
 from django.test import Client
 from django.urls import reverse
 
 from sessions.metrics.agent import latest_key
 from sessions.metrics.frames import STALE_AFTER_S, marked_if_stale
-
-
-@pytest.fixture
-def store() -> Iterator[redis.Redis]:
-    client = redis.Redis.from_url(settings.REDIS_URL)
-    client.delete(latest_key())
-    yield client
-    client.delete(latest_key())
-    client.close()
 
 
 def frame(agent: str, t: float) -> str:
