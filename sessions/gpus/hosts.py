@@ -161,9 +161,14 @@ def give_up(host: GpuHost) -> int:
         if taken.held_from is not None and host.heartbeat_at is not None:
             ended(taken.pk, taken.held_from, max(host.heartbeat_at, taken.held_from))
         holder = taken.holder
-        if holder is not None:
+        if holder is None:
+            continue
+        try:
             workloads.kind_of(holder).give_up(holder.id, taken.pk, workloads.Reason.HOST_LOST)
-            count += 1
+        except Exception:  # one workload that cannot be told stops none of the others; the next look tries again
+            log.exception("host %s: %s could not be told its host is gone", host.name, holder.label)
+            continue
+        count += 1
     if count:
         log.warning("host %s: gave up %d holding(s) at its last heartbeat %s", host.name, count, host.heartbeat_at)
     return count
