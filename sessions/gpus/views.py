@@ -20,8 +20,8 @@ from django.views.decorators.http import require_GET, require_POST
 from portal.access import staff_required
 from portal.http import PortalRequest
 from sessions.gpus import fleet, hosts
-from sessions.gpus.allocator import gpu_capacity
 from sessions.gpus.backends import BackendError
+from sessions.gpus.capacity import gpu_capacity
 from sessions.gpus.catalog import GpuModel, UnknownModel
 from sessions.gpus.forms import LayoutForm, PolicyForm, SharingForm, describe_layout
 from sessions.gpus.models import Gpu, GpuHost, GpuInstance, Slice

@@ -8,7 +8,8 @@ from dataclasses import dataclass, replace
 from django.contrib.auth.models import User
 
 from sessions.gpus import catalog
-from sessions.gpus.allocator import SliceRequest, capacities
+from sessions.gpus.allocator import SliceRequest
+from sessions.gpus.capacity import capacities
 from sessions.gpus.models import Gpu
 from sessions.notebooks import pricing
 from sessions.notebooks.pricing import OfferPrice

@@ -6,15 +6,8 @@ import pytest
 from django.contrib.auth.models import User
 
 from sessions.gpus import fleet, placement
-from sessions.gpus.allocator import (
-    AllocationRefused,
-    ReleaseRefused,
-    SliceRequest,
-    allocate,
-    free_capacity,
-    gpu_capacity,
-    release,
-)
+from sessions.gpus.allocator import AllocationRefused, ReleaseRefused, SliceRequest, allocate, release
+from sessions.gpus.capacity import free_capacity, gpu_capacity
 from sessions.gpus.holders import Holder
 from sessions.gpus.models import Gpu, GpuInstance, SimulatedGpuInstance, Slice, SliceQuota
 from tests.gpus import checker
