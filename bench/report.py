@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Any
 
 RESULTS = Path(__file__).resolve().parent / "results"
-HISTORY = RESULTS / "history.jsonl"  # one line per run, kept in the repository: the table is made from it
-TABLE = RESULTS / "README.md"
+HISTORY = "history.jsonl"  # in the results folder: one line per run, kept in the repository; the table is made from it
+TABLE = "README.md"  # in the results folder: the table of each metric's newest run
 TABLE_START, TABLE_END = "<!-- table: made by `python -m bench table` from history.jsonl -->", "<!-- end of table -->"
 
 
@@ -42,15 +42,16 @@ class Result:
         within = self.goal_value is None or self.value >= self.goal_value
         return within and self.ratio >= self.goal_ratio
 
-    def write(self) -> Path:
-        RESULTS.mkdir(parents=True, exist_ok=True)
+    def write(self, results: Path = RESULTS) -> Path:
+        results.mkdir(parents=True, exist_ok=True)
         data = asdict(self)
         data.pop("goal_ratio")
         data.pop("goal_value")
         data.update(ratio=self.ratio, met=self.met, when=datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"))
-        path = RESULTS / f"{self.name}.json"
+        path = results / f"{self.name}.json"
         path.write_text(json.dumps(data, indent=2) + "\n")
         record(
+            results,
             name=self.name,
             metric=self.metric,
             value=self.value,
@@ -68,10 +69,10 @@ class Result:
         return path
 
 
-def record(**run: Any) -> None:
+def record(results: Path = RESULTS, **run: Any) -> None:
     """Append one run to the history, with when and at which commit it ran."""
     line = {"when": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"), "commit": _commit(), **run}
-    with HISTORY.open("a") as history:
+    with (results / HISTORY).open("a") as history:
         history.write(json.dumps(line, ensure_ascii=False) + "\n")
 
 
@@ -86,23 +87,23 @@ def _commit() -> str:
     return found.stdout.strip() + ("+changes" if changed.stdout.strip() else "")
 
 
-def latest_runs() -> list[dict[str, Any]]:
+def latest_runs(results: Path = RESULTS) -> list[dict[str, Any]]:
     """The newest run of each benchmark and metric, in the order each first appears in the history."""
     latest: dict[tuple[str, str], dict[str, Any]] = {}
-    for text in HISTORY.read_text().splitlines():
+    for text in (results / HISTORY).read_text().splitlines():
         if text.strip():
             run = json.loads(text)
             latest[(run["name"], run["metric"])] = run
     return list(latest.values())
 
 
-def table() -> str:
+def table(results: Path = RESULTS) -> str:
     """The table of the latest figures, as Markdown."""
     rows = [
         "| benchmark | metric | value | baseline | ratio | goal | met | when | commit |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
-    for run in latest_runs():
+    for run in latest_runs(results):
         value = f"{run['value']} {run.get('unit', '')}".strip()
         baseline = "—" if run["baseline"] is None else run["baseline"]
         if run.get("baseline_name"):
@@ -116,13 +117,13 @@ def table() -> str:
     return "\n".join(rows)
 
 
-def write_table() -> Path:
-    """Put the table into bench/results/README.md, between its markers."""
-    text = TABLE.read_text()
-    head, _, rest = text.partition(TABLE_START)
+def write_table(results: Path = RESULTS) -> Path:
+    """Put the table into the results folder's README.md, between its markers."""
+    page = results / TABLE
+    head, _, rest = page.read_text().partition(TABLE_START)
     _, _, tail = rest.partition(TABLE_END)
-    TABLE.write_text(f"{head}{TABLE_START}\n{table()}\n{TABLE_END}{tail}")
-    return TABLE
+    page.write_text(f"{head}{TABLE_START}\n{table(results)}\n{TABLE_END}{tail}")
+    return page
 
 
 def percentile(values: list[float], share: float) -> float:

@@ -16,6 +16,7 @@ from sessions.gpus.allocator import hold_every_pool
 from sessions.gpus.backends import backend_for_host, get_backend
 from sessions.gpus.backends.base import FoundGpu, FoundHost, GpuBackend
 from sessions.gpus.catalog import UnknownModel
+from sessions.gpus.hosts import TWO_MACHINES
 from sessions.gpus.models import Gpu, GpuHost, GpuInstance
 
 log = logging.getLogger(__name__)
@@ -60,7 +61,7 @@ def _sync_host(found: FoundHost, backend: GpuBackend) -> GpuHost:
         seen.append(gpu.pk)
     host.gpus.exclude(pk__in=seen).update(state=Gpu.State.MISSING, state_detail="Not found at the last discovery.")
     problem = f"{'; '.join(refused)}: not recorded here (nothing moved)." if refused else ""
-    if problem != host.problem and not host.problem.startswith("Two machines beat"):  # hosts.heartbeat's flag
+    if problem != host.problem and not host.problem.startswith(TWO_MACHINES):  # hosts.heartbeat's flag stays
         GpuHost.objects.filter(pk=host.pk).update(problem=problem)
         host.problem = problem
     return host

@@ -12,13 +12,9 @@ from bench.report import Result
 
 
 @pytest.fixture
-def results(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+def results(tmp_path: Path) -> Path:
     """A results folder of this test's own, with the table's page as the repository has it."""
-    page = report.TABLE.read_text()
-    monkeypatch.setattr(report, "RESULTS", tmp_path)
-    monkeypatch.setattr(report, "HISTORY", tmp_path / "history.jsonl")
-    monkeypatch.setattr(report, "TABLE", tmp_path / "README.md")
-    (tmp_path / "README.md").write_text(page)
+    (tmp_path / report.TABLE).write_text((report.RESULTS / report.TABLE).read_text())
     return tmp_path
 
 
@@ -27,22 +23,22 @@ def run(value: float, baseline: float) -> Result:
 
 
 def test_each_run_is_a_line_and_the_table_shows_each_metric_s_newest_run(results: Path) -> None:
-    run(12.0, 10.0).write()
-    run(8.0, 10.0).write()
+    run(12.0, 10.0).write(results)
+    run(8.0, 10.0).write(results)
     lines = [json.loads(line) for line in (results / "history.jsonl").read_text().splitlines()]
     assert [(line["value"], line["ratio"], line["met"]) for line in lines] == [(12.0, 1.2, False), (8.0, 0.8, True)]
     assert all(line["when"].endswith("Z") and "commit" in line for line in lines)
-    report.write_table()
+    report.write_table(results)
     page = (results / "README.md").read_text()
     [row] = [row for row in page.splitlines() if row.startswith("| toy |")]
     assert "| 8.0 ms | 10.0 (bare) | 0.8 | ratio <= 1.0 | yes |" in row
     assert page.index(report.TABLE_START) < page.index("| toy |") < page.index(report.TABLE_END)
-    report.write_table()  # made again: the same page
+    report.write_table(results)  # made again: the same page
     assert (results / "README.md").read_text() == page
 
 
 def test_the_repository_s_table_is_the_one_its_history_makes() -> None:
     """Nobody edits the table by hand: it is what `python -m bench table` makes from the history."""
-    page = report.TABLE.read_text()
+    page = (report.RESULTS / report.TABLE).read_text()
     made = page.split(report.TABLE_START, 1)[1].split(report.TABLE_END, 1)[0].strip()
     assert made == report.table()
