@@ -15,10 +15,14 @@ runs twice finds nothing left to do, and an outage is caught up by the next tick
 statement adds what it billed to /metrics' totals (``BilledTotal``). The rate is frozen from the price in
 force when the slice was allocated (what the launch quoted), for the share count frozen then.
 
-PostgreSQL runs it as a constant number of set-based statements, whatever the number of usages, with
-one ledger transaction per person per tick; a second tick meanwhile returns at once (an advisory
-try-lock). SQLite, the zero-config default, runs the same rule as a plain loop. Settlements are rare
-(a clock ahead, an end learnt late) and run one usage at a time on both.
+The rule is written once, by ``minutes_due`` and the rate rule (``prices.rate_of``); two engines run it.
+PostgreSQL runs ``charge_by_statements``: a constant number of set-based statements, whatever the number
+of usages, with one ledger transaction per person per tick; a second tick meanwhile returns at once (an
+advisory try-lock). SQLite, the zero-config default, runs ``charge_by_loop``: the rule as a plain ORM loop,
+which runs on PostgreSQL too. A property test proves the two equal (tests/billing/test_meter_engines.py):
+random holdings, price changes, proofs of life and ends on and beside minute boundaries, both engines run on
+the same books at each tick, and every minute row, usage, ledger entry and total they leave compared.
+Settlements are rare (a clock ahead, an end learnt late) and run one usage at a time, the same code for both.
 """
 
 from __future__ import annotations
@@ -101,9 +105,23 @@ def charge_holding(slice_id: int) -> Outcome:
 
 
 def _run(slice_id: int | None, wait: bool) -> Outcome:
+    if connection.vendor == "postgresql":
+        return charge_by_statements(slice_id, wait)
+    return charge_by_loop(slice_id)
+
+
+def charge_by_statements(slice_id: int | None, wait: bool) -> Outcome:
+    """The set-based engine (PostgreSQL only): every holding, or the one slice's, charged up to now in one
+    transaction; ``wait``: wait for a run in progress rather than skip."""
     with transaction.atomic():
-        if connection.vendor == "postgresql":
-            return _run_sql(slice_id, wait)
+        return _run_sql(slice_id, wait)
+
+
+def charge_by_loop(slice_id: int | None) -> Outcome:
+    """The same rule as a plain ORM loop, one usage at a time, in one transaction: SQLite's engine, and on
+    PostgreSQL the reference the property test holds the statements to. It takes no lock: SQLite serialises
+    writers by its file lock."""
+    with transaction.atomic():
         return _run_python(slice_id)
 
 
@@ -248,7 +266,8 @@ def _run_sql(slice_id: int | None, wait: bool) -> Outcome:
     return Outcome(False, opened, minutes, transactions, Decimal(amount), settled, given_back)
 
 
-# SQLite: the same rule, one usage at a time; its writes are serialised by the database file's lock.
+# The loop: the same rule, one usage at a time, plain ORM (any database); SQLite's writes are serialised by its
+# file lock.
 
 
 def _run_python(slice_id: int | None) -> Outcome:
