@@ -106,7 +106,6 @@ def send_on_commit(name: str, *args: int, noted: Callable[[], object] | None = N
 # try-lock).
 app.conf.beat_schedule = {
     "portal-heartbeat": {"task": "portal.tasks.record_heartbeat", "schedule": 60.0},
-    "sync-gpus": {"task": "sessions.gpus.tasks.sync_gpus", "schedule": 300.0},
     # A host whose agent went silent for PORTAL_HOST_LOST_AFTER_S is lost within this much more.
     "watch-hosts": {"task": "sessions.gpus.tasks.watch_hosts", "schedule": 10.0},
     "reconcile-sessions": {"task": "sessions.notebooks.tasks.reconcile_sessions", "schedule": 20.0},

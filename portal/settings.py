@@ -352,6 +352,9 @@ GPU_NODE_ID = env.text("PORTAL_GPU_NODE_ID", "")
 HOST_HEARTBEAT_S = env.integer("PORTAL_HOST_HEARTBEAT_S", 5, minimum=1)
 HOST_LOST_AFTER_S = env.integer("PORTAL_HOST_LOST_AFTER_S", 30, minimum=3 * HOST_HEARTBEAT_S)
 HOST_GIVE_UP_AFTER_S = env.integer("PORTAL_HOST_GIVE_UP_AFTER_S", 3600, minimum=60)
+# How long a launch waits for its host's agent to make its MIG instance (sessions/gpus/orders.py); a host whose
+# heartbeat is stale fails it at once.
+HOST_ORDER_DEADLINE_S = env.integer("PORTAL_HOST_ORDER_DEADLINE_S", 30, minimum=1)
 MAX_SLICES_PER_USER = env.integer("PORTAL_MAX_SLICES_PER_USER", 4, minimum=0)
 # GPU containers: host resources per slice, process limit.
 CPUS_PER_COMPUTE_SLICE = env.integer("PORTAL_CPUS_PER_COMPUTE_SLICE", 2, minimum=1)

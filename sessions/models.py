@@ -1,6 +1,6 @@
 """Models of the sessions app, defined by capability in sub-packages."""
 
-from sessions.gpus.models import Gpu, GpuHost, GpuInstance, SimulatedGpuInstance, Slice, SliceQuota
+from sessions.gpus.models import Gpu, GpuHost, GpuInstance, HostOrder, SimulatedGpuInstance, Slice, SliceQuota
 from sessions.metrics.models import GpuMinute
 from sessions.notebooks.models import NotebookImage, NotebookSession
 from sessions.render.models import RenderChunk, RenderFrame, RenderJob
@@ -12,6 +12,7 @@ __all__ = [
     "GpuInstance",
     "GpuMinute",
     "GroupStorageQuota",
+    "HostOrder",
     "NotebookImage",
     "NotebookSession",
     "RenderChunk",

@@ -18,9 +18,11 @@ import pytest
 from django.conf import settings
 from django.contrib.auth.models import User
 from django.core.management import CommandError, call_command
+from django.db import connections
 from django.test import Client, TransactionTestCase
 
 from portal.roles import BILLING, OPERATORS, USERS, ensure_roles
+from sessions.gpus import agency, orders
 from sessions.notebooks.models import NotebookImage
 from sessions.runtime import network
 from sessions.runtime.network import UserNetwork
@@ -145,6 +147,32 @@ def database_pools_closed_at_the_end(django_db_setup: None, django_db_blocker: A
             if hasattr(connection, "close_pool"):
                 with contextlib.suppress(KeyError):
                     connection.close_pool()
+
+
+class _SuiteAgent(orders.Executor):
+    """The order executor of the test process (the agent of every simulated host): it carries out the orders the
+    real portal processes the tests start record (daphne, the Celery workers), whose data is committed; a test's
+    own orders are carried out at once in its transaction. Between tests that may not use the database it
+    waits."""
+
+    def _drain(self) -> None:
+        try:
+            connections["default"].ensure_connection()
+        except RuntimeError:  # pytest-django's guard: this test may not use the database
+            return
+        super()._drain()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def gpu_agent_here(database_pools_closed_at_the_end: None) -> Iterator[None]:
+    """Only a host's agent changes its GPUs (``sessions.gpus.agency``): this process is the agent of every
+    simulated host the tests make, and serves the orders of the portal processes they start. Tests of the rule
+    itself step out of the role (``tests/gpus/test_orders.py``)."""
+    agency.act_for([agency.EVERY_HOST])
+    executor = _SuiteAgent().start()
+    yield
+    executor.stop()
+    agency.stop_acting_for([agency.EVERY_HOST])
 
 
 @pytest.fixture

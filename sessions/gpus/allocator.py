@@ -33,19 +33,18 @@ from django.db import connection, transaction
 from django.db.models import Exists, F, OuterRef, QuerySet
 from django.utils import timezone
 
-from sessions.gpus import catalog, demand, placement, statements, workloads
-from sessions.gpus.backends import BackendError, backend_for_host
-from sessions.gpus.backends.base import FoundInstance
+from sessions.gpus import agency, catalog, demand, orders, placement, statements, workloads
 from sessions.gpus.capacity import free_capacity
 from sessions.gpus.catalog import GpuModel, Profile
 from sessions.gpus.holders import Holder
-from sessions.gpus.models import Gpu, GpuHost, GpuInstance, Reclaim, Slice, SliceQuota
+from sessions.gpus.models import Gpu, GpuHost, GpuInstance, HostOrder, Reclaim, Slice, SliceQuota
 from sessions.gpus.placement import Layout
 
 log = logging.getLogger(__name__)
 Rule = Callable[[GpuModel, Sequence[tuple[Any, Layout]], Profile], tuple[Any, int] | None]
 GPU, HOST, INSTANCE = Gpu._meta.db_table, GpuHost._meta.db_table, GpuInstance._meta.db_table
 SLICE, USER, QUOTA = Slice._meta.db_table, User._meta.db_table, SliceQuota._meta.db_table
+ORDER = HostOrder._meta.db_table
 
 
 @dataclass(frozen=True)
@@ -325,12 +324,12 @@ def _take_layout_instance(owner: User, request: SliceRequest, profile: Profile, 
     return None
 
 
-def _claim(gpu_id: int, layout: Layout, profile: Profile, start: int) -> tuple[int, str, str] | None:
+def _claim(gpu_id: int, layout: Layout, profile: Profile, start: int) -> tuple[int, int, str] | None:
     """Lock the GPU, the first of its layout, and write its new layout, in one statement.
 
     Our turn keeps other allocations off the pool, so only a release can have changed the GPU since the
     look: the update waits for its row lock, checks the layout again and, if it changed, writes nothing
-    (the caller looks again). Returns (id, uuid, backend), or None.
+    (the caller looks again). Returns (GPU id, host id, host name), or None.
 
     By primary key: no index holds the layout columns, so claims and releases are HOT updates that
     leave every index of the table alone (measured: see bench/results/notes.md, issue 12).
@@ -340,10 +339,10 @@ def _claim(gpu_id: int, layout: Layout, profile: Profile, start: int) -> tuple[i
         f"UPDATE {GPU} SET memory_mask = %s, compute_used = %s, profile_counts = %s, layout_key = %s,"
         " active_slices = active_slices + 1"
         " WHERE id = %s AND layout_key = %s AND state = 'ok' AND sharing = 'mig' AND mig_policy = 'dynamic'"
-        f" RETURNING id, uuid, (SELECT backend FROM {HOST} WHERE id = host_id)",
+        f" RETURNING id, host_id, (SELECT name FROM {HOST} WHERE id = host_id)",
         [*_layout_values(after), gpu_id, layout.key],
     )
-    return (int(claimed[0][0]), str(claimed[0][1]), str(claimed[0][2])) if claimed else None
+    return (int(claimed[0][0]), int(claimed[0][1]), str(claimed[0][2])) if claimed else None
 
 
 def _made(
@@ -351,39 +350,32 @@ def _made(
     request: SliceRequest,
     profile: Profile,
     start: int,
-    claimed: tuple[int, str, str],
+    claimed: tuple[int, int, str],
     holder: Holder | None,
 ) -> Slice:
-    """Have the driver make the instance on the claimed GPU, then record it and the slice.
-
-    The records go with whatever the driver writes last (the simulated one's own row): one round trip,
-    one statement of ours.
-    """
-    gpu_id, gpu_uuid, backend = claimed
-    try:
-        with statements.together():
-            made = backend_for_host(backend).create_instance(gpu_uuid, profile, start)
-            instance = GpuInstance.of(gpu_id, made, GpuInstance.Origin.DYNAMIC)
-            taken = _mig_slice(owner, request, gpu_id, holder, profile, made)
-            recorded = _recorded(instance, taken)
-    except BackendError as error:
-        _unclaim(gpu_id, profile, start)
-        raise AllocationRefused(f"The GPU host refused the slice: {error}", code="backend") from None
-    [(taken.pk, instance.pk)] = recorded.rows()
-    taken.instance_id = instance.pk
+    """Record the slice on the claimed room and the order for its instance, which the host's agent alone
+    makes (``sessions.gpus.orders``): the slice's device is known once it has (``orders.wait_for_slice``)."""
+    gpu_id, host_id, host = claimed
+    taken = _slice(owner, request, gpu_id, holder, "", profile.compute_slices, profile.memory_gib)
+    taken.profile, taken.placement_start, taken.placement_size = profile.name, start, profile.placement_size
+    order = orders.to_create(host_id, gpu_id, profile.name, start)
+    [(order_id, taken.pk)] = _recorded(taken, order)
+    orders.submitted(host, order_id)
+    if agency.is_agent_of(host):  # made already, in this transaction
+        taken.refresh_from_db(fields=["instance", "device_uuid"])
     return taken
 
 
-def _recorded(instance: GpuInstance, taken: Slice) -> statements.Queued:
-    """The instance's row and its slice's, the slice taking the instance's new id; its row (slice id,
-    instance id). On PostgreSQL one statement, whose WITH inserts the instance; SQLite has no such WITH."""
-    made_sql, made_params = _insert(instance)
+def _recorded(taken: Slice, order: HostOrder) -> list[tuple[Any, ...]]:
+    """The slice's row and its order's, the order taking the slice's new id. On
+    PostgreSQL one statement, whose WITH inserts the slice; SQLite has no such WITH. Returns (order id, slice id)."""
+    slice_sql, slice_params = _insert(taken)
     if connection.vendor != "postgresql":
-        taken.instance_id = statements.rows(made_sql, made_params)[0][0]
-        slice_sql, slice_params = _insert(taken)
-        return statements.queue(f"{slice_sql}, instance_id", slice_params)
-    slice_sql, slice_params = _insert(taken, instance="(SELECT id FROM made)")
-    return statements.queue(f"WITH made AS ({made_sql}) {slice_sql}, instance_id", [*made_params, *slice_params])
+        order.slice_id = statements.rows(slice_sql, slice_params)[0][0]
+        order_sql, order_params = _insert(order)
+        return statements.rows(f"{order_sql}, slice_id", order_params)
+    order_sql, order_params = _insert(order, slice="(SELECT id FROM taken)")
+    return statements.rows(f"WITH taken AS ({slice_sql}) {order_sql}, slice_id", [*slice_params, *order_params])
 
 
 def _slice(
@@ -415,14 +407,14 @@ def _mig_slice(
     gpu_id: int,
     holder: Holder | None,
     profile: Profile,
-    placed: FoundInstance | GpuInstance,
+    placed: GpuInstance,
 ) -> Slice:
     taken = _slice(owner, request, gpu_id, holder, placed.device_uuid, profile.compute_slices, profile.memory_gib)
     taken.profile, taken.placement_start, taken.placement_size = profile.name, placed.start, placed.size
     return taken
 
 
-def _insert(row: Slice | GpuInstance, **sql: str) -> tuple[str, list[Any]]:
+def _insert(row: Slice | HostOrder, **sql: str) -> tuple[str, list[Any]]:
     """The INSERT ... RETURNING id for an unsaved row; ``sql`` gives a field an SQL expression of no parameter."""
     fields, columns = _insert_columns(type(row))
     db = statements.database()
@@ -432,22 +424,14 @@ def _insert(row: Slice | GpuInstance, **sql: str) -> tuple[str, list[Any]]:
             marks.append(sql[field.name])
         else:
             marks.append("%s")
-            values.append(field.get_db_prep_save(getattr(row, field.attname), db))
+            values.append(field.get_db_prep_save(field.pre_save(row, add=True), db))
     return f"INSERT INTO {row._meta.db_table} ({columns}) VALUES ({', '.join(marks)}) RETURNING id", values
 
 
 @cache
-def _insert_columns(model: type[Slice] | type[GpuInstance]) -> tuple[list[Any], str]:
+def _insert_columns(model: type[Slice] | type[HostOrder]) -> tuple[list[Any], str]:
     fields = [field for field in model._meta.concrete_fields if not field.primary_key]
     return fields, ", ".join(field.column for field in fields)
-
-
-def _unclaim(gpu_id: int, profile: Profile, start: int) -> None:
-    """Give back what ``_claim`` wrote, so the refusal leaves the caller's transaction as it found it."""
-    gpu = Gpu.objects.get(pk=gpu_id)  # locked by the claim
-    gpu.set_layout(gpu.layout().without_instance(profile, start))
-    gpu.active_slices -= 1
-    gpu.save(update_fields=["memory_mask", "compute_used", "profile_counts", "layout_key", "active_slices"])
 
 
 def _layout_values(layout: Layout) -> list[Any]:
@@ -504,11 +488,11 @@ def release(slice_id: int, reason: str = "released") -> None:
     """Give a slice back, inside the caller's transaction (or one of its own). Who may is the caller's
     question (``sessions.access``): the services ask it before they end what holds the slice.
 
-    Two round trips on PostgreSQL besides the driver's (the simulated one's delete is a third): lock the
-    slice and its GPU, then (once the driver has destroyed a dynamic instance) write it all. A driver that
-    refuses leaves nothing written, so a caller may catch the error and go on in its transaction.
-    Releases need no turn (they only ever add room); the GPU's row lock keeps its bookkeeping exact
-    against a parallel claim, which waits for it and then checks again.
+    Two round trips on PostgreSQL besides the order: lock the slice and its GPU, then write it all. A dynamic
+    instance's end is an order for the host's agent (``sessions.gpus.orders``), recorded after the create that
+    made it, so the agent destroys it before any later create reuses its room; the room is free for the
+    allocator at once. Releases need no turn (they only ever add room); the GPU's row lock keeps its
+    bookkeeping exact against a parallel claim, which waits for it and then checks again.
     """
     lock = " FOR NO KEY UPDATE OF s, g" if connection.features.has_select_for_update_of else ""
     with _transaction():
@@ -516,27 +500,29 @@ def release(slice_id: int, reason: str = "released") -> None:
         # one's lock, then finds it released and returns nothing; a claim on the GPU meanwhile is waited
         # for, and its layout is the one read (READ COMMITTED reads a locked row again once it is free).
         found = statements.rows(
-            "SELECT g.id, g.uuid, g.model_name, g.memory_mask, g.compute_used, g.profile_counts, h.backend,"
-            f" i.id, i.profile, i.start, i.gi_id FROM {SLICE} s JOIN {GPU} g ON g.id = s.gpu_id"
+            "SELECT g.id, g.model_name, g.memory_mask, g.compute_used, g.profile_counts, h.id, h.name,"
+            f" i.id, i.gi_id, o.id, s.profile, s.placement_start FROM {SLICE} s JOIN {GPU} g ON g.id = s.gpu_id"
             f" JOIN {HOST} h ON h.id = g.host_id"
             f" LEFT JOIN {INSTANCE} i ON i.id = s.instance_id AND i.origin = 'dynamic'"
+            f" LEFT JOIN {ORDER} o ON o.slice_id = s.id AND o.action = 'create'"
             f" WHERE s.id = %s AND s.released_at IS NULL{lock}",
             [slice_id],
         )
         if not found:
             _refuse_release(slice_id)
             return
-        gpu_id, gpu_uuid, model_name, mask, compute, counts, backend, instance_id, profile, start, gi_id = found[0]
+        gpu_id, model_name, mask, compute, counts, host_id, host, instance_id, gi_id, made_by, profile, start = found[0]
         moment = Slice._meta.get_field("released_at").get_db_prep_save(timezone.now(), connection)
         # A dynamic instance is made for its one slice and goes with it (the deferred foreign key would
         # refuse the commit if any other slice still pointed at it); a static layout's instance stays.
-        gone = ", instance_id = NULL" if instance_id is not None else ""
+        dynamic = made_by is not None or instance_id is not None  # (or made before instances were orders)
+        gone = ", instance_id = NULL" if dynamic else ""
         released = (
             f"UPDATE {SLICE} SET released_at = %s, release_reason = %s{gone} WHERE id = %s",
             [moment, reason[:100], slice_id],
         )
         writes: list[tuple[str, Sequence[Any]]] = [released]
-        if instance_id is None:
+        if not dynamic:
             writes.append((f"UPDATE {GPU} SET active_slices = active_slices - 1 WHERE id = %s", [gpu_id]))
         else:
             counts = json.loads(counts) if isinstance(counts, str) else counts  # SQLite and psycopg give text
@@ -547,9 +533,12 @@ def release(slice_id: int, reason: str = "released") -> None:
                 " active_slices = active_slices - 1 WHERE id = %s",
                 [*_layout_values(after), gpu_id],
             )
-            writes += [(f"DELETE FROM {INSTANCE} WHERE id = %s", [instance_id]), gpu_written]
-            _destroy(backend, gpu_uuid, gi_id, slice_id)  # first: a driver that refuses leaves nothing written
+            if instance_id is not None:
+                writes.append((f"DELETE FROM {INSTANCE} WHERE id = %s", [instance_id]))
+            writes.append(gpu_written)
         statements.run(*_written_together(writes))
+        if dynamic:
+            orders.destroy(host, host_id, gpu_id, gi_id, undoes=made_by)
 
 
 def _written_together(writes: list[tuple[str, Sequence[Any]]]) -> list[tuple[str, Sequence[Any]]]:
@@ -561,16 +550,6 @@ def _written_together(writes: list[tuple[str, Sequence[Any]]]) -> list[tuple[str
     with_parts = ", ".join(f"w{number} AS ({sql})" for number, (sql, _) in enumerate(first))
     params = [value for _, values in writes for value in values]
     return [(f"WITH {with_parts} {last_sql}", params)]
-
-
-def _destroy(backend: str, gpu_uuid: str, gi_id: int, slice_id: int) -> None:
-    """Have the driver destroy a released slice's instance; one it no longer has is already what we want."""
-    try:
-        backend_for_host(backend).destroy_instance(gpu_uuid, gi_id)
-    except BackendError as error:
-        if error.code != "not_found":
-            raise
-        log.warning("slice %s: GPU instance %s on %s was already gone (%s)", slice_id, gi_id, gpu_uuid, error)
 
 
 def _refuse_release(slice_id: int) -> None:

@@ -1,6 +1,9 @@
 """Keeping the recorded fleet in step with what the backends find, and operator changes to it.
 
-Only these functions (and the allocator) write GPUs and their instances.
+Only these functions, the allocator and the orders its host's agent carries out (``sessions.gpus.orders``)
+write GPUs and their instances. Discovery changes a device (it reclaims an instance nobody recorded), so it
+runs on the host's agent (``manage.py gpu_agent``, or ``manage.py sync_gpus`` by hand on the host); an
+operator's layout is an order for that agent.
 """
 
 from __future__ import annotations
@@ -11,13 +14,14 @@ from django.db import transaction
 from django.db.models import Count, Q
 from django.utils import timezone
 
-from sessions.gpus import placement
+from sessions.gpus import orders, placement
 from sessions.gpus.allocator import hold_every_pool
-from sessions.gpus.backends import backend_for_host, get_backend
+from sessions.gpus.backends import get_backend
 from sessions.gpus.backends.base import FoundGpu, FoundHost, GpuBackend
 from sessions.gpus.catalog import UnknownModel
 from sessions.gpus.hosts import TWO_MACHINES
-from sessions.gpus.models import Gpu, GpuHost, GpuInstance
+from sessions.gpus.models import Gpu, GpuHost, GpuInstance, HostOrder
+from sessions.gpus.orders import recount
 
 log = logging.getLogger(__name__)
 
@@ -83,7 +87,8 @@ def _sync_gpu(host: GpuHost, found: FoundGpu, backend: GpuBackend) -> Gpu:
     gpu.model_name, gpu.memory_mib = found.model_name, found.memory_mib
     gpu.mig_capable, gpu.mig_enabled, gpu.mig_pending = found.mig_capable, found.mig_enabled, found.mig_pending
     gpu.state, gpu.state_detail = _state_of(gpu, found)
-    _sync_instances(gpu, found, backend)
+    if not orders.unfinished(gpu):  # else its agent is changing it: the next discovery compares
+        _sync_instances(gpu, found, backend)
     gpu.save()
     return gpu
 
@@ -101,9 +106,10 @@ def _state_of(gpu: Gpu, found: FoundGpu) -> tuple[str, str]:
 
 
 def _sync_instances(gpu: Gpu, found: FoundGpu, backend: GpuBackend) -> None:
-    """Follow the driver's instances. One the portal never recorded on a dynamic GPU was made for an
-    allocation whose transaction never committed (the portal records each one it makes in the same
-    transaction): it is reclaimed, not adopted, or it would block that room for good. On a static GPU
+    """Follow the driver's instances, on a GPU with no order outstanding. One the portal never recorded on a
+    dynamic GPU is nobody's (every instance the portal makes is recorded with its order's result, and one
+    made for a slice released meanwhile has its destroy order): it is reclaimed, not adopted, or it would block
+    that room for good. On a static GPU
     an unrecorded instance is an operator's, made outside the portal, and becomes part of the layout."""
     on_device = {instance.device_uuid: instance for instance in found.instances}
     for recorded in gpu.instances.all():
@@ -122,17 +128,6 @@ def _sync_instances(gpu: Gpu, found: FoundGpu, backend: GpuBackend) -> None:
     recount(gpu)
 
 
-def recount(gpu: Gpu) -> None:
-    """Rebuild the GPU's bookkeeping from its instances and active slices (caller saves)."""
-    layout = placement.Layout()
-    if gpu.mig_capable and gpu.state != Gpu.State.ERROR:
-        model = gpu.catalog_model
-        for instance in gpu.instances.all():
-            layout = layout.with_instance(model.profile(instance.profile), instance.start)
-    gpu.set_layout(layout)
-    gpu.active_slices = gpu.slices.filter(released_at__isnull=True).count()
-
-
 def _lock_idle(gpu_id: int) -> Gpu:
     gpu = Gpu.objects.select_for_update().get(pk=gpu_id)
     busy = gpu.slices.filter(released_at__isnull=True).count()
@@ -143,39 +138,41 @@ def _lock_idle(gpu_id: int) -> Gpu:
 
 @transaction.atomic
 def set_policy(gpu_id: int, policy: str) -> Gpu:
+    """Switch an idle MIG GPU's policy; to dynamic, its layout's instances go (an order for its host's agent,
+    which the caller may wait for: ``orders.wait_for_gpu``)."""
     gpu = _lock_idle(gpu_id)
     if gpu.sharing != Gpu.Sharing.MIG:
         raise FleetChangeRefused("Only a GPU that hands out MIG slices has a MIG policy.")
     if policy not in Gpu.Policy.values:
         raise FleetChangeRefused(f"Unknown policy {policy!r}.")
-    if policy == Gpu.Policy.DYNAMIC:
-        _destroy_instances(gpu)
+    if policy == Gpu.Policy.DYNAMIC and gpu.mig_policy != policy:
+        _new_layout(gpu, [])
     gpu.mig_policy = policy
-    recount(gpu)
-    gpu.save()
+    gpu.save(update_fields=["mig_policy"])
     return gpu
 
 
 @transaction.atomic
-def set_layout(gpu_id: int, layout: list[tuple[str, int]]) -> Gpu:
-    """Replace a static GPU's MIG instances with ``layout``; refuses illegal layouts, saying why."""
+def set_layout(gpu_id: int, layout: list[tuple[str, int]]) -> HostOrder:
+    """Order a static GPU's MIG instances replaced with ``layout`` (its host's agent applies it; the caller may
+    wait: ``orders.wait``); refuses illegal layouts, saying why."""
     gpu = _lock_idle(gpu_id)
     if gpu.sharing != Gpu.Sharing.MIG or gpu.mig_policy != Gpu.Policy.STATIC:
         raise FleetChangeRefused("Layouts apply to MIG GPUs with the static policy; switch the policy first.")
-    model = gpu.catalog_model
     try:
-        placement.layout_of(model, layout)
+        placement.layout_of(gpu.catalog_model, layout)
     except ValueError as error:  # UnknownProfile is a ValueError too
         raise FleetChangeRefused(str(error)) from None
-    _destroy_instances(gpu)
-    backend = backend_for_host(gpu.host.backend)
-    for name, start in sorted(layout, key=lambda item: item[1]):
-        GpuInstance.record(
-            gpu, backend.create_instance(gpu.uuid, model.profile(name), start), GpuInstance.Origin.LAYOUT
-        )
+    return _new_layout(gpu, layout)
+
+
+def _new_layout(gpu: Gpu, layout: list[tuple[str, int]]) -> HostOrder:
+    """The GPU's old instances are off the books at once (nothing is handed out of a layout being replaced);
+    its agent destroys them on the device and records the new ones."""
+    gpu.instances.all().delete()
     recount(gpu)
     gpu.save()
-    return gpu
+    return orders.apply_layout(gpu, layout)
 
 
 @transaction.atomic
@@ -194,13 +191,6 @@ def set_sharing(gpu_id: int, sharing: str, share_limit: int | None = None) -> Gp
         gpu.share_limit = share_limit
     gpu.save()
     return gpu
-
-
-def _destroy_instances(gpu: Gpu) -> None:
-    backend = backend_for_host(gpu.host.backend)
-    for instance in gpu.instances.all():
-        backend.destroy_instance(gpu.uuid, instance.gi_id)
-        instance.delete()
 
 
 def fleet_summary() -> list[Gpu]:

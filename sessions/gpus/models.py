@@ -8,6 +8,8 @@ the allocator can pick a GPU without reading every slice.
 
 from __future__ import annotations
 
+import uuid
+
 from django.conf import settings
 from django.db import models
 from django.db.models import F, Q
@@ -326,6 +328,57 @@ class Reclaim(models.Model):
     @property
     def waiting(self) -> Holder:
         return Holder(HolderKind(self.waiting_kind), self.waiting_id)
+
+
+class HostOrder(models.Model):
+    """A change to a host's GPUs that only its agent carries out (``sessions.gpus.orders``).
+
+    Recorded in the transaction that decides it (an allocation's, a release's, an operator's layout), so it
+    exists exactly when that decision does; the host's agent claims it (``FOR UPDATE SKIP LOCKED``), carries it
+    out and records the result in one transaction, so a crash before that leaves it pending for the next try,
+    which finds what the first made and adopts it (the placement is its idempotency key on the device). One
+    GPU's orders run in the order they were recorded: a destroy always before the create that reuses its room.
+    """
+
+    class Action(models.TextChoices):
+        CREATE = "create", "Create a MIG instance"
+        DESTROY = "destroy", "Destroy a MIG instance"
+        LAYOUT = "layout", "Apply a static layout"
+
+    class State(models.TextChoices):
+        PENDING = "pending", "Waiting for the host's agent"
+        DONE = "done", "Done"
+        FAILED = "failed", "Refused by the device"
+        CANCELLED = "cancelled", "Given up before the agent took it"
+
+    key = models.UUIDField(default=uuid.uuid4, unique=True, help_text="Names the order once, whoever retries it.")
+    host = models.ForeignKey(GpuHost, on_delete=models.CASCADE, related_name="orders")
+    gpu = models.ForeignKey(Gpu, on_delete=models.CASCADE, related_name="orders")
+    action = models.CharField(max_length=10, choices=Action.choices)
+    slice = models.ForeignKey(Slice, on_delete=models.SET_NULL, null=True, blank=True, related_name="orders")
+    profile = models.CharField(max_length=32, blank=True)
+    start = models.PositiveSmallIntegerField(null=True, blank=True)
+    layout = models.JSONField(default=list, blank=True, help_text="A layout order's [profile, start] pairs.")
+    undoes = models.ForeignKey(
+        "self", on_delete=models.SET_NULL, null=True, blank=True, help_text="The create order a destroy undoes."
+    )
+    gi_id = models.PositiveIntegerField(null=True, blank=True, help_text="The GPU instance made or to destroy.")
+    device_uuid = models.CharField(max_length=64, blank=True, help_text="The MIG device a create made.")
+    state = models.CharField(max_length=10, choices=State.choices, default=State.PENDING)
+    error = models.TextField(blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    done_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["id"]
+        indexes = [
+            # What an agent looks for: its hosts' pending orders, a handful however long the history.
+            models.Index(fields=["host", "id"], condition=Q(state="pending"), name="hostorder_pending_idx"),
+            models.Index(fields=["slice"], name="hostorder_slice_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.action} on {self.gpu_id} ({self.state})"
 
 
 class SliceQuota(models.Model):

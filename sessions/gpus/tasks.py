@@ -5,13 +5,6 @@ from __future__ import annotations
 from celery import shared_task
 
 from sessions.gpus import hosts
-from sessions.gpus.fleet import sync_fleet
-
-
-@shared_task
-def sync_gpus() -> int:
-    """Every 5 minutes: re-discover GPUs, so a GPU that vanished or came back shows on the fleet page."""
-    return sum(host.gpus.count() for host in sync_fleet())
 
 
 @shared_task

@@ -19,7 +19,7 @@ from django.views.decorators.http import require_GET, require_POST
 
 from portal.access import staff_required
 from portal.http import PortalRequest
-from sessions.gpus import fleet, hosts
+from sessions.gpus import fleet, hosts, orders
 from sessions.gpus.backends import BackendError
 from sessions.gpus.capacity import gpu_capacity
 from sessions.gpus.catalog import GpuModel, UnknownModel
@@ -27,6 +27,7 @@ from sessions.gpus.forms import LayoutForm, PolicyForm, SharingForm, describe_la
 from sessions.gpus.models import Gpu, GpuHost, GpuInstance, Slice
 
 DETAIL = "sessions/fleet_gpu.html"
+LAYOUT_DEADLINE_S = 15  # an operator waits this long on the page for the host's agent
 Change = Callable[[dict[str, Any]], str]
 
 
@@ -100,6 +101,7 @@ def fleet_gpu(request: PortalRequest, gpu_id: int) -> HttpResponse:
 def fleet_gpu_policy(request: PortalRequest, gpu_id: int) -> HttpResponse:
     def change(data: dict[str, Any]) -> str:
         gpu = fleet.set_policy(gpu_id, data["policy"])
+        _carried_out(gpu_id, "Its layout's instances were not removed")
         return f"The MIG policy is now {gpu.get_mig_policy_display().lower()}."
 
     return _change(request, _get_gpu(gpu_id), "policy_form", PolicyForm(request.POST), change)
@@ -115,6 +117,7 @@ def fleet_gpu_layout(request: PortalRequest, gpu_id: int) -> HttpResponse:
 
     def change(data: dict[str, Any]) -> str:
         fleet.set_layout(gpu_id, data["layout"])
+        _carried_out(gpu_id, "The layout was not applied")
         return f"Layout applied: {describe_layout(data['layout']) or 'no instances'}."
 
     return _change(request, gpu, "layout_form", LayoutForm(request.POST, gpu_model=model), change)
@@ -130,6 +133,14 @@ def fleet_gpu_sharing(request: PortalRequest, gpu_id: int) -> HttpResponse:
         return "Now handed out as a whole GPU."
 
     return _change(request, _get_gpu(gpu_id), "sharing_form", SharingForm(request.POST), change)
+
+
+def _carried_out(gpu_id: int, failure: str) -> None:
+    """Wait for the host's agent to carry out an operator's change; refused with its reason if it did not."""
+    try:
+        orders.wait_for_gpu(gpu_id, LAYOUT_DEADLINE_S)
+    except orders.OrderFailed as failed:
+        raise fleet.FleetChangeRefused(f"{failure}: {failed.reason}") from None
 
 
 def _change(request: PortalRequest, gpu: Gpu, name: str, form: forms.Form, change: Change) -> HttpResponse:

@@ -20,7 +20,7 @@ from portal import push
 from portal.celery import send, send_on_commit
 from portal.roles import can_launch, launch_refusal
 from sessions import access
-from sessions.gpus import holdings, workloads
+from sessions.gpus import holdings, orders, workloads
 from sessions.gpus.allocator import AllocationRefused, SliceRequest, allocate
 from sessions.gpus.holders import Holder
 from sessions.gpus.models import Slice
@@ -167,6 +167,11 @@ def ask_hub_to_start(session_id: int, attempt: int = 0) -> float | None:
     if session.state != State.STARTING:
         return None
     _start_heard_of(session.pk)
+    try:
+        orders.wait_for_slice(session.slice_id or 0)  # its host's agent makes its MIG instance first
+    except orders.OrderFailed as failed:
+        fail(session.pk, failed.reason)
+        return None
     try:
         Hub().start_server(session.owner.get_username(), session.server_name, {"session": session.pk})
     except HubUnavailable as error:

@@ -23,7 +23,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from sessions.gpus import holdings
+from sessions.gpus import holdings, orders
 from sessions.gpus.holders import Holder
 from sessions.gpus.models import Slice
 from sessions.render import containers, files, progress, slices, storage, thumbnails
@@ -85,9 +85,16 @@ class Moved:
 
 def work_on_slice(job_id: int, slice_id: int) -> int:
     """Render the job's waiting chunks on this slice, one after another, then release it; returns how many
-    chunks ran here (and on the slices a retry moved it to)."""
+    chunks ran here (and on the slices a retry moved it to). A slice whose MIG instance its host's agent did
+    not make is let go before any chunk is claimed; reconciliation dispatches the job again."""
     ran = 0
     last_end: datetime | None = None
+    try:
+        orders.wait_for_slice(slice_id)
+    except orders.OrderFailed as failed:
+        log.warning("render job %s: slice %s was not made: %s", job_id, slice_id, failed.reason)
+        _let_go(job_id, slice_id, None, "its GPU instance was not made")
+        return ran
     while True:
         claim = _claim(job_id, slice_id)
         if claim == BUSY:

@@ -27,7 +27,7 @@ from django.utils import timezone
 
 from portal.celery import send, send_on_commit
 from portal.roles import can_launch, launch_refusal
-from sessions.gpus import catalog, holdings, workloads
+from sessions.gpus import catalog, holdings, orders, workloads
 from sessions.gpus.allocator import AllocationRefused, SliceRequest, allocate
 from sessions.gpus.holders import Holder
 from sessions.gpus.models import Slice
@@ -195,6 +195,11 @@ def estimate(job_id: int) -> RenderJob:
     taken = _probe_slice(job)
     if taken is None:
         return job
+    try:
+        orders.wait_for_slice(taken.pk)  # its host's agent makes its MIG instance
+    except orders.OrderFailed as failed:
+        holdings.end(taken.pk, None, "its GPU instance was not made")
+        raise ProbeWaits(failed.reason) from None
     watched = containers.Watched()
     watched.on_started = lambda at: _probe_started(job_id, taken.pk, watched, at)
     found: Probe | Exception | None = None

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from django.contrib.auth.models import User
 
-from sessions.gpus.fleet import recount
 from sessions.gpus.models import Gpu, Slice, SliceQuota
+from sessions.gpus.orders import recount
 from tests.factories import make_user
 from tests.gpus import checker
 from tests.gpus.conftest import use_fleet

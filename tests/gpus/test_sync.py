@@ -1,4 +1,4 @@
-"""GPU discovery from the command line and from the Celery worker."""
+"""GPU discovery from the command line and by the host's agent (``tests/gpus/test_orders.py`` runs the agent)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ import pytest
 from django.core.management import call_command
 
 from sessions.gpus.models import Gpu
-from sessions.gpus.tasks import sync_gpus
 
 
 def test_the_command_records_and_reports_the_simulated_fleet(db: None, settings) -> None:  # type: ignore[no-untyped-def]
@@ -22,13 +21,6 @@ def test_the_command_records_and_reports_the_simulated_fleet(db: None, settings)
     get_backend.cache_clear()
     assert "simulated host lab: 3 GPU(s)" in out.getvalue()
     assert Gpu.objects.filter(host__name="lab").count() == 3
-
-
-@pytest.mark.celery
-@pytest.mark.django_db(transaction=True)
-def test_the_worker_rediscovers_gpus(celery_worker: str) -> None:
-    assert sync_gpus.delay().get(timeout=60) == 4  # the default simulated fleet
-    assert Gpu.objects.filter(host__name="sim-1", state=Gpu.State.OK).count() == 4
 
 
 @pytest.mark.django_db(transaction=True)

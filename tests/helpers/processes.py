@@ -191,8 +191,9 @@ def start_hub(stack: dict[str, int], data_dir: Path, log_path: Path) -> subproce
     return ready_or_stopped(process, lambda: answers_200(hub_api), 60, "jupyterhub")
 
 
-def start_gpu_agent(fleet: str, log_path: Path, interval_ms: int = 250) -> subprocess.Popen[bytes]:
-    """The GPU agent on a simulated fleet, as the run command starts it; ready once it has published."""
+def start_gpu_agent(fleet: str, log_path: Path, interval_ms: int = 250, **extra: str) -> subprocess.Popen[bytes]:
+    """The GPU agent on a simulated fleet, as the run command starts it; ready once it has published. ``extra``
+    adds to its environment."""
     import redis
 
     from sessions.metrics.agent import latest_key
@@ -203,7 +204,7 @@ def start_gpu_agent(fleet: str, log_path: Path, interval_ms: int = 250) -> subpr
     process = subprocess.Popen(
         [sys.executable, "manage.py", "gpu_agent", "--interval-ms", str(interval_ms), "--no-docker"],
         cwd=ROOT,
-        env=child_env(PORTAL_GPU_BACKEND="simulated", PORTAL_SIMULATED_FLEET=fleet),
+        env=child_env(PORTAL_GPU_BACKEND="simulated", PORTAL_SIMULATED_FLEET=fleet, **extra),
         stdout=log,
         stderr=subprocess.STDOUT,
     )

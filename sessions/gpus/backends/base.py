@@ -95,6 +95,9 @@ class GpuBackend(Protocol):
     def possible_starts(self, gpu_uuid: str, profile: Profile) -> list[int]:
         """Where the device says an instance of ``profile`` could be created now."""
 
+    def instances(self, gpu_uuid: str) -> list[FoundInstance]:
+        """The MIG instances on one GPU now, as the device lists them."""
+
     def create_instance(self, gpu_uuid: str, profile: Profile, start: int) -> FoundInstance:
         """Create a GPU instance (and its compute instance) at ``start``."""
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import pynvml
 
-from sessions.gpus import catalog
+from sessions.gpus import agency, catalog
 from sessions.gpus.backends.base import (
     BackendError,
     DeviceSample,
@@ -409,8 +409,18 @@ class NvmlBackend:
         pynvml.nvmlDeviceGetGpuInstancePossiblePlacements(device, profile_id, items, ctypes.byref(count))
         return list(items[: count.value])
 
+    def instances(self, gpu_uuid: str) -> list[FoundInstance]:
+        with _nvml(f"list the MIG instances of GPU {gpu_uuid}"):
+            device = pynvml.nvmlDeviceGetHandleByUUID(gpu_uuid)
+            memory_mib = int(pynvml.nvmlDeviceGetMemoryInfo(device).total) // (1024 * 1024)
+            model = _catalog_model(str(pynvml.nvmlDeviceGetName(device)), memory_mib)
+            if model is None or not _mig_modes(device)[1]:
+                return []
+            return self._instances(device, model)[0]
+
     def create_instance(self, gpu_uuid: str, profile: Profile, start: int) -> FoundInstance:
         what = f"create a {profile.name} instance at slice {start} on GPU {gpu_uuid}"
+        agency.require(self.host_name, what)
         with _nvml(what):
             device = pynvml.nvmlDeviceGetHandleByUUID(gpu_uuid)
             info = _gi_profile(device, gpu_uuid, profile)
@@ -439,6 +449,7 @@ class NvmlBackend:
         return FoundInstance(profile.name, gi.placement.start, gi.placement.size, gi.id, ci.id, str(device_uuid))
 
     def destroy_instance(self, gpu_uuid: str, gi_id: int) -> None:
+        agency.require(self.host_name, f"destroy GPU instance {gi_id} on GPU {gpu_uuid}")
         with _nvml(f"destroy GPU instance {gi_id} on GPU {gpu_uuid}"):
             device = pynvml.nvmlDeviceGetHandleByUUID(gpu_uuid)
             gpu_instance = pynvml.nvmlDeviceGetGpuInstanceById(device, gi_id)

@@ -14,7 +14,7 @@ import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from sessions.gpus import catalog, statements
+from sessions.gpus import agency, catalog, statements
 from sessions.gpus.backends.base import (
     BackendError,
     DeviceSample,
@@ -193,9 +193,14 @@ class SimulatedBackend:
             return []
         return free_starts(spec.model, self._state(gpu_uuid)[0], profile)
 
+    def instances(self, gpu_uuid: str) -> list[FoundInstance]:
+        from sessions.gpus.models import SimulatedGpuInstance
+
+        return [_found(row) for row in SimulatedGpuInstance.objects.filter(gpu_uuid=gpu_uuid).order_by("start")]
+
     def create_instance(self, gpu_uuid: str, profile: Profile, start: int) -> FoundInstance:
         """Make the instance where the catalog's rules allow it, with the lowest free GPU-instance id,
-        as the driver hands them out. The portal holds the GPU's row lock meanwhile.
+        as the driver hands them out. Only the host's agent may (``sessions.gpus.agency``), as on a real host.
 
         Two plain statements (read the device, insert): measured, one INSERT ... SELECT checking the
         rules in SQL spent 0.4-0.7 ms planning, more than the second round trip costs. The insert is
@@ -205,6 +210,7 @@ class SimulatedBackend:
         from sessions.gpus.models import SimulatedGpuInstance
 
         spec = self._spec(gpu_uuid)
+        agency.require(spec.host, f"create a {profile.name} instance on {gpu_uuid}")
         if spec.sharing != "mig":
             raise BackendError(f"MIG mode is off on {gpu_uuid}", code="not_supported")
         layout, used = self._state(gpu_uuid)
@@ -232,6 +238,7 @@ class SimulatedBackend:
         back as rows (``RETURNING``), which a pipelined statement gives where its row count does not."""
         from sessions.gpus.models import SimulatedGpuInstance
 
+        agency.require(self._spec(gpu_uuid).host, f"destroy GPU instance {gi_id} on {gpu_uuid}")
         table = SimulatedGpuInstance._meta.db_table
         sql = f"DELETE FROM {table} WHERE gpu_uuid = %s AND gi_id = %s RETURNING gi_id"
         if not statements.rows(sql, [gpu_uuid, gi_id]):

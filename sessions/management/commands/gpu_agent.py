@@ -1,17 +1,21 @@
-"""Run the GPU agent of this host: sample every GPU each tick, publish live frames, keep history."""
+"""Run the GPU agent of this host: the one process that changes its GPUs (it carries out the orders others
+record, and discovers them every few minutes); it also samples every GPU each tick, publishes live frames,
+keeps history and beats for the host."""
 
 from __future__ import annotations
 
 import asyncio
 import gc
 import logging
+import time
 from typing import Any
 
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandParser
 
+from sessions.gpus import agency, orders
 from sessions.gpus.backends import get_backend
-from sessions.gpus.backends.simulated import parse_fleet
+from sessions.gpus.fleet import sync_fleet
 from sessions.gpus.models import Gpu
 from sessions.metrics.agent import Activity, Agent
 
@@ -33,11 +37,14 @@ class Command(BaseCommand):
         if interval_ms < 100:
             self.stderr.write("gpu_agent: --interval-ms must be at least 100")
             raise SystemExit(2)
+        beats_for = agency.hosts_of_this_machine()
+        name = settings.GPU_HOST_NAME if backend.name == "nvml" else "simulated"  # one stands in for them all
+        agency.act_for(beats_for)  # this process alone changes these hosts' GPUs (sessions.gpus.orders)
+        sync_fleet(backend)
         hosts = dict(Gpu.objects.filter(host__backend=backend.name).values_list("uuid", "host__name"))
-        if backend.name == "nvml":
-            name, beats_for = settings.GPU_HOST_NAME, [settings.GPU_HOST_NAME]
-        else:  # one agent stands in for every host of the simulated fleet
-            name, beats_for = "simulated", sorted({gpu.host for gpu in parse_fleet(settings.SIMULATED_FLEET)})
+        executor = orders.Executor(beats_for, discover=lambda: sync_fleet(backend))
+        executor.discovered_at = time.monotonic()
+        executor.start()
         activity = Activity(None if options["no_docker"] or backend.name != "simulated" else _docker_reader())
         gc.freeze()  # the long-lived objects made at start-up need never be scanned again
         agent = Agent(backend, name, interval_ms / 1000, activity=activity, hosts=hosts, beats_for=beats_for)
@@ -45,6 +52,8 @@ class Command(BaseCommand):
             asyncio.run(agent.run(options["ticks"]))
         except KeyboardInterrupt:
             log.info("gpu_agent: stopped")
+        finally:
+            executor.stop()
 
 
 def keep_connection_alive() -> None:

@@ -6,6 +6,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand
 
+from sessions.gpus import agency
 from sessions.gpus.backends import get_backend
 from sessions.gpus.fleet import sync_fleet
 
@@ -15,7 +16,10 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         backend = get_backend()
-        for host in sync_fleet(backend):
+        # Run by hand on the host (or by make run before its agent starts): it acts as the host's agent.
+        with agency.acting_for(agency.hosts_of_this_machine()):
+            found = sync_fleet(backend)
+        for host in found:
             gpus = list(host.gpus.all())
             kinds = ", ".join(f"{gpu.index}: {gpu.model_name} ({gpu.get_sharing_display()})" for gpu in gpus)
             label = "simulated " if host.simulated else ""

@@ -1,0 +1,175 @@
+"""Only a host's agent changes its GPUs (issue 31): every MIG instance made or destroyed is an order that the
+agent of its host (``manage.py gpu_agent``, here a real process) claims, carries out once and records; a launch
+waits for it with a deadline and fails at once when the host's heartbeat is stale.
+
+The test process is the agent of every simulated host elsewhere in the suite (tests/conftest.py); here it steps
+out of that role, as a web process or a worker is.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from collections.abc import Iterator
+
+import pytest
+from django.contrib.auth.models import User
+from django.db import transaction
+
+from sessions.gpus import agency, orders
+from sessions.gpus.allocator import SliceRequest, allocate, release
+from sessions.gpus.backends import BackendError, get_backend
+from sessions.gpus.catalog import model
+from sessions.gpus.models import Gpu, GpuHost, GpuInstance, HostOrder, SimulatedGpuInstance, Slice
+from tests.conftest import ARTIFACTS
+from tests.gpus.conftest import use_fleet
+from tests.helpers import processes
+
+pytestmark = pytest.mark.django_db(transaction=True)
+FLEET = "ord: 1xH200:mig"
+H200 = model("H200-SXM5-141GB")
+Order = HostOrder.State
+
+
+@pytest.fixture
+def gpu(settings) -> Gpu:  # type: ignore[no-untyped-def]
+    settings.HOST_HEARTBEAT_S = 1  # as the agent below beats: stale after three silent seconds
+    [found] = use_fleet(settings, FLEET)  # discovery, as this host's agent
+    return found
+
+
+@pytest.fixture
+def not_the_agent(gpu: Gpu) -> Iterator[None]:
+    """This process is a web process or a worker from here on: it is no host's agent."""
+    agency.stop_acting_for([agency.EVERY_HOST])
+    yield
+    agency.act_for([agency.EVERY_HOST])
+
+
+def start_agent(name: str) -> subprocess.Popen[bytes]:
+    return processes.start_gpu_agent(FLEET, ARTIFACTS / "logs" / f"gpu-agent-{name}.log", PORTAL_HOST_HEARTBEAT_S="1")
+
+
+@pytest.fixture
+def agent(not_the_agent: None) -> Iterator[subprocess.Popen[bytes]]:
+    process = start_agent("orders")
+    yield process
+    processes.stop(process)
+
+
+def launched(owner: User, profile: str = "3g.71gb") -> Slice:
+    """A launch's allocation, committed, as a web process makes it."""
+    with transaction.atomic():
+        return allocate(owner, SliceRequest("mig", profile))
+
+
+def on_device(gpu: Gpu) -> list[tuple[str, int]]:
+    return list(SimulatedGpuInstance.objects.filter(gpu_uuid=gpu.uuid).values_list("profile", "start"))
+
+
+def test_a_process_that_is_not_the_hosts_agent_cannot_change_its_gpus(gpu: Gpu, not_the_agent: None) -> None:
+    backend = get_backend()
+    with pytest.raises(BackendError, match="only the agent of host ord changes its GPUs") as refused:
+        backend.create_instance(gpu.uuid, H200.profile("3g.71gb"), 4)
+    assert refused.value.code == "not_agent"
+    taken = launched(User.objects.create_user("web"))  # the allocation decides and records, and that is all
+    assert on_device(gpu) == []
+    assert (taken.device_uuid, taken.instance_id) == ("", None)
+    order = HostOrder.objects.get(slice=taken)
+    assert (order.action, order.state, order.profile) == ("create", Order.PENDING, "3g.71gb")
+    assert order.start == taken.placement_start
+    with agency.acting_for(["ord"]):  # made by the agent, so that a non-agent can be refused its destroy
+        made = backend.create_instance(gpu.uuid, H200.profile("1g.18gb"), 6)
+    with pytest.raises(BackendError, match="only the agent of host ord changes its GPUs"):
+        backend.destroy_instance(gpu.uuid, made.gi_id)
+    assert on_device(gpu) == [("1g.18gb", 6)]
+
+
+def test_the_agent_makes_and_destroys_what_launches_and_releases_order(
+    gpu: Gpu, agent: subprocess.Popen[bytes]
+) -> None:
+    owner = User.objects.create_user("launcher")
+    taken = launched(owner)
+    started = time.monotonic()
+    orders.wait_for_slice(taken.pk, deadline_s=20)
+    taken.refresh_from_db()
+    assert time.monotonic() - started < 5  # woken by the order's notice, not by a slow poll
+    assert on_device(gpu) == [("3g.71gb", taken.placement_start)]
+    instance = GpuInstance.objects.get(slices=taken)
+    assert (instance.profile, instance.start) == ("3g.71gb", taken.placement_start)
+    assert taken.device_uuid == instance.device_uuid
+    assert taken.device_uuid.startswith("MIG-")
+    release(taken.pk)
+    destroy = HostOrder.objects.get(action="destroy", gpu=gpu)
+    assert orders.wait(destroy.pk, deadline_s=20).gi_id == instance.gi_id
+    assert on_device(gpu) == []
+    assert not GpuInstance.objects.filter(gpu=gpu).exists()
+
+
+def test_a_launch_on_a_host_whose_agent_stopped_fails_within_the_deadline_with_the_reason(
+    gpu: Gpu, agent: subprocess.Popen[bytes]
+) -> None:
+    processes.stop(agent)
+    taken = launched(User.objects.create_user("late"))
+    started = time.monotonic()
+    with pytest.raises(orders.OrderFailed, match=r"The agent of GPU host ord has been silent for \d+ s"):
+        orders.wait_for_slice(taken.pk, deadline_s=30)
+    assert time.monotonic() - started < 10  # the stale heartbeat, not the 30 s deadline
+    order = HostOrder.objects.get(slice=taken)
+    assert order.state == Order.CANCELLED
+    release(taken.pk)  # what the launch does next: the room is free again at once
+    assert Gpu.objects.get(pk=gpu.pk).compute_used == 0
+    back = start_agent("back")  # the agent back: the cancelled create is never made, the destroy finds nothing
+    try:
+        destroy = HostOrder.objects.get(action="destroy", gpu=gpu)
+        assert orders.wait(destroy.pk, deadline_s=20).gi_id is None
+    finally:
+        processes.stop(back)
+    assert on_device(gpu) == []
+    assert HostOrder.objects.get(pk=order.pk).state == Order.CANCELLED
+
+
+def test_a_launch_on_a_host_no_agent_ever_served_fails_at_the_deadline(gpu: Gpu, not_the_agent: None) -> None:
+    assert GpuHost.objects.get(name="ord").heartbeat_at is None
+    taken = launched(User.objects.create_user("nobody"))
+    started = time.monotonic()
+    with pytest.raises(orders.OrderFailed, match="The agent of GPU host ord did not make the slice within 2 s"):
+        orders.wait_for_slice(taken.pk, deadline_s=2)
+    assert 2 <= time.monotonic() - started < 6
+    assert HostOrder.objects.get(slice=taken).state == Order.CANCELLED
+
+
+def test_an_order_retried_after_the_agent_died_makes_one_instance(gpu: Gpu, not_the_agent: None) -> None:
+    """An agent that made the instance and died before recording it (the driver keeps what it made, the
+    transaction that was to record it never commits) leaves the order pending; the next agent adopts the
+    instance it finds at the order's placement instead of making a second."""
+    taken = launched(User.objects.create_user("crash"))
+    with agency.acting_for(["ord"]):  # what the first agent did on the device before it died
+        first = get_backend().create_instance(gpu.uuid, H200.profile("3g.71gb"), taken.placement_start or 0)
+    assert HostOrder.objects.get(slice=taken).state == Order.PENDING
+    again = start_agent("retry")
+    try:
+        orders.wait_for_slice(taken.pk, deadline_s=20)
+    finally:
+        processes.stop(again)
+    taken.refresh_from_db()
+    assert on_device(gpu) == [("3g.71gb", taken.placement_start)]
+    assert SimulatedGpuInstance.objects.get(gpu_uuid=gpu.uuid).gi_id == first.gi_id
+    assert taken.device_uuid == first.device_uuid
+    order = HostOrder.objects.get(slice=taken)
+    assert (order.state, order.gi_id, order.device_uuid) == (Order.DONE, first.gi_id, first.device_uuid)
+
+
+def test_a_create_the_device_refuses_fails_the_launch_with_the_devices_reason(gpu: Gpu) -> None:
+    """The allocator's books and the device disagree (a hand-made instance where the allocator put the slice):
+    the order fails, saying what the device holds, and the launch gets that reason."""
+    agency.stop_acting_for([agency.EVERY_HOST])
+    try:
+        taken = launched(User.objects.create_user("clash"))
+    finally:
+        agency.act_for([agency.EVERY_HOST])
+    start = taken.placement_start or 0
+    get_backend().create_instance(gpu.uuid, H200.profile("1g.18gb"), start)  # by hand, before the agent got there
+    assert orders.carry_out_next(["ord"])
+    with pytest.raises(orders.OrderFailed, match=f"memory slice {start} holds a 1g.18gb instance already"):
+        orders.wait_for_slice(taken.pk, deadline_s=5)
