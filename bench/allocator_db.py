@@ -24,6 +24,11 @@ import django
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "portal.settings")
 django.setup()
 
+from sessions.gpus import agency  # noqa: E402
+
+# The benchmark stands for the simulated hosts' agent: its launches make their MIG instances at once, as before.
+agency.act_for(agency.hosts_of_this_machine())
+
 from django.contrib.auth.models import User  # noqa: E402
 from django.core.management import call_command  # noqa: E402
 from django.db import connection, connections, transaction  # noqa: E402
@@ -32,8 +37,9 @@ from django.db.models import Count  # noqa: E402
 from bench.report import percentile  # noqa: E402
 from sessions.gpus import placement  # noqa: E402
 from sessions.gpus.allocator import AllocationRefused, SliceRequest, allocate, release  # noqa: E402
-from sessions.gpus.fleet import recount, sync_fleet  # noqa: E402
+from sessions.gpus.fleet import sync_fleet  # noqa: E402
 from sessions.gpus.models import Gpu, Slice  # noqa: E402
+from sessions.gpus.orders import recount  # noqa: E402
 
 PROFILES = ["1g.18gb"] * 8 + ["1g.35gb", "2g.35gb"] * 4 + ["3g.71gb"] * 2 + ["4g.71gb", "7g.141gb"]
 

@@ -32,8 +32,10 @@ MIN_DELIVERED = 0.999
 PREPARE_FLEET = """
 from django.contrib.auth.models import User
 from sessions.gpus.allocator import SliceRequest, allocate
+from sessions.gpus import agency
 from sessions.gpus.fleet import sync_fleet
 from sessions.gpus.models import SliceQuota
+agency.act_for(agency.hosts_of_this_machine())  # this script stands for the hosts' agent
 sync_fleet()
 for n in range(8):
     user = User.objects.create_user(f"tenant{n}")

@@ -119,9 +119,17 @@ class Workers:
         name = f"bench-{role}-{self.run_id}@127.0.0.1"
         command = [str(BIN / "celery"), "--app", "portal", "worker", "--pool", "threads", "--concurrency", "4"]
         command += ["--queues", queue, "--hostname", name, "--without-gossip", "--without-mingle"]
+        self.names.append(name)
+        self._start(role, [*command, "--loglevel", "INFO"])
+
+    def start_agent(self) -> None:
+        """The GPU host's agent, which alone makes the slices' MIG instances (sessions/gpus/orders.py)."""
+        self._start("agent", [str(BIN / "python"), "manage.py", "gpu_agent", "--no-docker", "--interval-ms", "1000"])
+
+    def _start(self, role: str, command: list[str]) -> None:
         with (LOGS / f"bench-render-{role}.log").open("wb") as log:
             process = subprocess.Popen(
-                [*command, "--loglevel", "INFO"],
+                command,
                 cwd=ROOT,
                 env=self.env,
                 stdout=log,
@@ -129,7 +137,6 @@ class Workers:
                 start_new_session=True,
             )
         self.processes.append(process)
-        self.names.append(name)
 
     def stop(self) -> None:
         for process in reversed(self.processes):
@@ -318,6 +325,7 @@ def render_portal(name: str) -> Iterator[tuple[dict[str, str], Workers, Path]]:
         (tmp / "data").mkdir()
         for step in (["migrate", "-v0"], ["sync_gpus"]):
             run_checked([str(BIN / "python"), "manage.py", *step], f"manage.py {step[0]}", cwd=ROOT, env=env)
+        workers.start_agent()
         workers.start("worker", queue)
         workers.start("render", f"{queue}-render")
         workers.start("estimate", f"{queue}-estimate")

@@ -124,6 +124,10 @@ def ours(runs: int, burst: int, tmp: Path, run_id: str) -> tuple[list[float], li
         # The worker as make run starts it (compose/supervisor/supervisord.conf), on the benchmark's own queue.
         worker = [str(BIN / "celery"), "-A", "portal", "worker", "-Q", "bench-spawn", "--pool", "threads", "-c", "8"]
         stack.start("worker", [*worker, "-l", "WARNING"], env)
+        # The GPU host's agent, which alone makes the slices' MIG instances (sessions/gpus/orders.py).
+        stack.start(
+            "agent", [str(BIN / "python"), "manage.py", "gpu_agent", "--no-docker", "--interval-ms", "1000"], env
+        )
         stack.start(
             "hub", [str(BIN / "jupyterhub"), "-f", str(ROOT / "compose/hub/jupyterhub_config.py")], env, tmp / "hub"
         )
