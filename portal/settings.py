@@ -23,7 +23,7 @@ from portal import entrylimits
 from portal.datafiles import secret_file
 from portal.env import Env
 from portal.sso.keys import signing_key
-from sessions.runtime import network
+from sessions.runtime import engine_config, network
 from sessions.runtime.network import UserNetwork
 
 django_stubs_ext.monkeypatch()
@@ -383,6 +383,8 @@ def _user_network() -> UserNetwork:
 
 
 USER_NETWORK = _user_network()
+# The Docker engine of each GPU host that is not this machine (sessions/runtime/engines.py): host=endpoint; ...
+DOCKER_ENGINES = engine_config.parse(env.text("PORTAL_DOCKER_ENGINES", ""))
 
 
 def _check_fleet() -> None:

@@ -19,6 +19,7 @@ import logging
 from datetime import datetime, timedelta
 
 from django.conf import settings
+from django.db.models import Q
 from django.utils import timezone
 from kombu.exceptions import OperationalError as BrokerError
 
@@ -27,7 +28,7 @@ from sessions.gpus import holdings
 from sessions.gpus.allocator import ReleaseRefused, release
 from sessions.gpus.backends import BackendError
 from sessions.gpus.holders import HolderKind
-from sessions.gpus.models import Slice
+from sessions.gpus.models import GpuHost, Slice
 from sessions.notebooks.hub import Hub, HubError
 from sessions.notebooks.models import NotebookSession
 from sessions.notebooks.services import (
@@ -38,6 +39,7 @@ from sessions.notebooks.services import (
     record_event,
     send_start_again,
 )
+from sessions.runtime import engines
 from sessions.runtime.docker import ContainerState, DockerRuntime, RuntimeError_
 from sessions.runtime.isolation import repair
 
@@ -60,26 +62,43 @@ State = NotebookSession.State
 
 
 def reconcile(runtime: DockerRuntime | None = None) -> dict[str, int]:
+    """Follow every engine's sessions and containers (``runtime``: one engine for every host), each engine on
+    its own (``sessions.runtime.engines``): one that does not answer confirms nothing of its hosts' sessions, so
+    nothing more is charged there, and stops nothing on the others."""
     counts = {"ended": 0, "failed": 0, "starts_sent": 0, "stops_sent": 0, "containers_removed": 0, "slices_released": 0}
     proof = database_now()  # before the look: a container seen running after it ran at this moment
-    try:
-        runtime = runtime or DockerRuntime()
-        counts["confirmed"] = _follow(runtime, proof, counts)
-    except (RuntimeError_, OSError) as error:  # the engine does not answer: nothing is confirmed, nothing charged
-        log.error("the Docker engine cannot be reached; no session is confirmed running: %s", error)
-        counts["engine_unreachable"] = 1
-        return counts
+    counts["confirmed"] = 0
+    names = GpuHost.objects.values_list("name", flat=True)
+    for endpoint, hosts in engines.by_engine(names).items():
+        try:
+            here = runtime or engines.at(endpoint)
+            counts["confirmed"] += _follow(here, proof, counts, hosts, local=endpoint == engines.LOCAL)
+        except (RuntimeError_, OSError) as error:  # the engine does not answer: nothing there is confirmed
+            log.error(
+                "the Docker engine of %s cannot be reached; none of their sessions is confirmed running: %s",
+                ", ".join(hosts) or "this machine",
+                error,
+            )
+            counts["engine_unreachable"] = counts.get("engine_unreachable", 0) + 1
+        if runtime is not None:
+            break  # one engine given for every host: followed once
     counts["slices_released"] = _release_orphan_slices()
     return counts
 
 
-def _follow(runtime: DockerRuntime, proof: datetime, counts: dict[str, int]) -> int:
-    """Check every active session against its container, and every container against its session; returns
-    how many holdings were confirmed running (their proof of life moved to ``proof``)."""
+def _follow(
+    runtime: DockerRuntime, proof: datetime, counts: dict[str, int], hosts: list[str], local: bool = True
+) -> int:
+    """Check every active session on ``hosts`` (``local``: and those with no slice) against its container, and
+    every container of this engine against its session; returns how many holdings were confirmed running (their
+    proof of life moved to ``proof``)."""
     # First, since a container must never run unfenced: a Docker restart or an operator may flush rules.
-    counts["firewall_repaired"] = int(repair(runtime=runtime))
-    active = NotebookSession.objects.filter(state__in=[State.STARTING, State.RUNNING, State.STOPPING])
+    if local:
+        counts["firewall_repaired"] = int(repair(runtime=runtime))
+    on_hosts = Q(slice__gpu__host__name__in=hosts) | (Q(slice__isnull=True) if local else Q(pk__in=[]))
+    active = NotebookSession.objects.filter(on_hosts, state__in=[State.STARTING, State.RUNNING, State.STOPPING])
     running: list[int] = []
+    containers = runtime.session_containers()  # first: an engine that does not answer is found before any change
     for session in active.select_related("slice", "owner"):
         try:
             outcome = _check(session, runtime, running)
@@ -87,7 +106,7 @@ def _follow(runtime: DockerRuntime, proof: datetime, counts: dict[str, int]) -> 
             log.error("session %s: could not end it: %s", session.pk, error)
             outcome = "errors"
         counts[outcome] = counts.get(outcome, 0) + 1
-    for container_id, session_id in runtime.session_containers().items():
+    for container_id, session_id in containers.items():
         if not NotebookSession.objects.filter(pk=session_id, state__in=NotebookSession.ACTIVE).exists():
             log.warning("removing container %s of ended session %s", container_id[:12], session_id)
             runtime.remove(container_id)

@@ -27,6 +27,7 @@ from sessions.gpus.models import Slice
 from sessions.notebooks import spot
 from sessions.notebooks.hub import Hub, HubError, HubUnavailable
 from sessions.notebooks.models import NotebookImage, NotebookSession
+from sessions.runtime import engines
 from sessions.runtime.docker import DockerRuntime, RuntimeError_
 
 log = logging.getLogger(__name__)
@@ -386,7 +387,8 @@ def _died_at(session: NotebookSession) -> datetime | None:
     """When the engine saw the container die, for an end reported without the moment (it was removed)."""
     assert session.container_started_at is not None
     try:
-        return DockerRuntime().died_at(session.pk, since=session.container_started_at)
+        runtime = engines.for_slice(session.slice) if session.slice else DockerRuntime()
+        return runtime.died_at(session.pk, since=session.container_started_at)
     except RuntimeError_ as error:
         log.warning(
             "session %s: the engine cannot say when it ended; it ends at its last proof of life: %s", session.pk, error

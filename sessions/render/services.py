@@ -34,9 +34,9 @@ from sessions.gpus.models import Slice
 from sessions.notebooks import pricing
 from sessions.render import containers, estimates, files, jobs, progress
 from sessions.render.models import RenderChunk, RenderFrame, RenderJob
-from sessions.runtime import blender
+from sessions.runtime import blender, engines
 from sessions.runtime.blender import RenderSettings
-from sessions.runtime.docker import DockerRuntime, RuntimeError_
+from sessions.runtime.docker import RuntimeError_
 from sessions.runtime.render import RENDER_IMAGE, Probe, Scene, SceneTooLarge, SceneUnreadable, probe
 from sessions.runtime.slices import spec_for
 
@@ -425,7 +425,7 @@ def requeue_failed(job_id: int) -> RenderJob:
 
 
 def held_by(job_id: int) -> list[Slice]:
-    return list(progress.slices_of(job_id).filter(released_at__isnull=True).order_by("pk"))
+    return list(progress.slices_of(job_id).filter(released_at__isnull=True).select_related("gpu__host").order_by("pk"))
 
 
 def stop_job(job: RenderJob) -> None:
@@ -439,10 +439,17 @@ def stop_job(job: RenderJob) -> None:
 
 def _stop_and_release(job_id: int, reason: str) -> None:
     """Stop the job's containers and release its slices, each holding ending when its container did."""
-    runtime = DockerRuntime()
-    ended = containers.stop(runtime, containers.of_job(runtime, job_id))
-    for taken in held_by(job_id):
-        holdings.end(taken.pk, ended, reason)
+    held = held_by(job_id)
+    ended: dict[str, datetime | None] = {}
+    for endpoint in {engines.LOCAL, *(engines.endpoint_of(taken.gpu.host.name) for taken in held)}:
+        runtime = engines.at(endpoint)  # each of its hosts' engines (sessions.runtime.engines)
+        try:
+            ended[endpoint] = containers.stop(runtime, containers.of_job(runtime, job_id))
+        except (RuntimeError_, OSError) as error:  # that engine does not answer: its holdings end at their last proof
+            log.error("render job %s: cannot stop its containers on %s: %s", job_id, endpoint or "this machine", error)
+            ended[endpoint] = None
+    for taken in held:
+        holdings.end(taken.pk, ended[engines.endpoint_of(taken.gpu.host.name)], reason)
 
 
 # Cancel ---------------------------------------------------------------------------------------------------

@@ -19,7 +19,7 @@ from sessions.gpus.models import Slice
 from sessions.render import containers, progress
 from sessions.render.models import RenderChunk, RenderFrame, RenderJob
 from sessions.render.services import RUNNING, WORK_ON_SLICE, held_by, locked
-from sessions.runtime.docker import DockerRuntime
+from sessions.runtime import engines
 
 log = logging.getLogger(__name__)
 ChunkState = RenderChunk.State
@@ -105,5 +105,5 @@ def give_up_slice(job_id: int, slice_id: int, reason: str) -> None:
 
 
 def _stop_slice(slice_id: int, reason: str) -> None:
-    runtime = DockerRuntime()
+    runtime = engines.for_slice(Slice.objects.select_related("gpu__host").get(pk=slice_id))
     holdings.end(slice_id, containers.stop(runtime, runtime.containers_for("slice", str(slice_id))), reason)
