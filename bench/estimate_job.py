@@ -26,7 +26,7 @@ django.setup()
 
 
 from bench.render_job import bench_user, new_job, workers_answer  # noqa: E402
-from sessions.notebooks import pricing  # noqa: E402
+from sessions.gpus import pricing  # noqa: E402
 from sessions.render import progress, services  # noqa: E402
 from sessions.render.models import RenderChunk, RenderFrame, RenderJob  # noqa: E402
 

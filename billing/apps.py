@@ -11,9 +11,8 @@ class BillingConfig(AppConfig):
         # (the workloads' gate) who may not start anything.
         from billing.launch import BillingPricing, CreditGate
         from billing.metrics import BillingCollector
-        from sessions.gpus import workloads
+        from sessions.gpus import pricing, workloads
         from sessions.metrics import prometheus
-        from sessions.notebooks import pricing
 
         pricing.register(BillingPricing())
         workloads.register_gate(CreditGate())

@@ -1,4 +1,4 @@
-"""Cost before launch: billing's answer to the notebook services' pricing seam (sessions/notebooks/pricing.py)
+"""Cost before launch: billing's answer to the notebook services' pricing seam (sessions/gpus/pricing.py)
 and the workloads' gate (sessions/gpus/workloads.py).
 
 The launch form shows each offer's price per hour, on-demand and spot, and how long the person's balance
@@ -25,7 +25,7 @@ from sessions.gpus import catalog
 from sessions.gpus.allocator import SliceRequest
 from sessions.gpus.holders import Holder
 from sessions.gpus.models import Gpu, Slice
-from sessions.notebooks.pricing import OfferPrice, WalletLine
+from sessions.gpus.pricing import OfferPrice, WalletLine
 
 
 def per_minute(request: SliceRequest, market: str) -> Decimal | None:

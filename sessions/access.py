@@ -1,6 +1,8 @@
-"""Who may see and act on which notebook sessions, render jobs and slices: one rule per object type.
+"""Who may see and act on what people own (notebook sessions, render jobs, slices): one rule for every kind.
 
-Views, consumers, the internal API and the services ask here and nowhere else.
+The rule lives here; each domain scopes its own rows with it (``sessions.notebooks.access``,
+``sessions.render.access``, the slices below), so this module knows no workload. Views, consumers, the
+internal API and the services ask through those and nowhere else.
 People reach their own; operators may also view and stop anyone's. Whatever
 someone may not reach answers as if it did not exist (404), so nobody learns
 what others run.
@@ -9,7 +11,7 @@ what others run.
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
 from django.contrib.auth.models import AnonymousUser, User
 from django.db.models import Model, QuerySet
@@ -17,8 +19,6 @@ from django.http import Http404
 
 from portal.roles import is_operator
 from sessions.gpus.models import Slice
-from sessions.notebooks.models import NotebookSession
-from sessions.render.models import RenderJob
 
 Person = User | AnonymousUser
 Owned = TypeVar("Owned", bound=Model)
@@ -44,57 +44,46 @@ class NotFound(Http404):
     """Nothing of that number that this person may reach; a view answers 404."""
 
 
-def may(person: Person, action: Action, owned: NotebookSession | RenderJob | Slice) -> bool:
+class HasOwner(Protocol):
+    owner_id: int
+
+
+def may(person: Person, action: Action, owned: HasOwner) -> bool:
     """The rule itself, for a row already in hand (a service that has locked it, say)."""
-    return _reaches_everyone(person, action) or (person.is_authenticated and owned.owner_id == person.pk)
+    return reaches(person, action, owned.owner_id)
 
 
-def sessions_for(person: Person, action: Action = Action.VIEW) -> QuerySet[NotebookSession]:
-    return _scoped(NotebookSession.objects.all(), person, action)
+def reaches(person: Person, action: Action, owner_id: int | None) -> bool:
+    """The rule for what ``owner_id`` owns (None: nobody's, or nothing there)."""
+    if owner_id is None:
+        return False
+    return _reaches_everyone(person, action) or (person.is_authenticated and owner_id == person.pk)
 
 
-def session_for(person: Person, session_id: int, action: Action = Action.VIEW) -> NotebookSession:
-    found = sessions_for(person, action).select_related("slice__gpu__host", "image", "owner")
-    session = found.filter(pk=session_id).first()
-    if session is None:
-        raise NotFound("No such session among yours.")
-    return session
-
-
-def sessions_for_hub_user(username: str) -> QuerySet[NotebookSession]:
-    """What the hub may drive for the person it names (its user names are ours, through our OAuth)."""
-    return NotebookSession.objects.filter(owner__username=username) if username else NotebookSession.objects.none()
-
-
-def render_jobs_for(person: Person, action: Action = Action.VIEW) -> QuerySet[RenderJob]:
-    return _scoped(RenderJob.objects.all(), person, action)
-
-
-def render_job_for(person: Person, job_id: int, action: Action = Action.VIEW) -> RenderJob:
-    job = render_jobs_for(person, action).select_related("owner").filter(pk=job_id).first()
-    if job is None:
-        raise NotFound("No such render job among yours.")
-    return job
-
-
-def slices_for(person: Person, action: Action = Action.VIEW) -> QuerySet[Slice]:
-    return _scoped(Slice.objects.all(), person, action)
-
-
-def slice_for(person: Person, slice_id: int, action: Action = Action.VIEW) -> Slice:
-    taken = slices_for(person, action).select_related("gpu__host").filter(pk=slice_id).first()
-    if taken is None:
-        raise NotFound("No such slice among yours.")
-    return taken
-
-
-def _reaches_everyone(person: Person, action: Action) -> bool:
-    return action in OPERATOR_ACTIONS and is_operator(person)
-
-
-def _scoped(found: QuerySet[Owned], person: Person, action: Action) -> QuerySet[Owned]:
+def scoped(found: QuerySet[Owned], person: Person, action: Action) -> QuerySet[Owned]:
+    """The rows of ``found`` this person may act on so."""
     if _reaches_everyone(person, action):
         return found
     if not person.is_authenticated:
         return found.none()
     return found.filter(owner_id=person.pk)
+
+
+def one(found: QuerySet[Owned], pk: int, what: str) -> Owned:
+    """The row of that number among ``found`` (scoped already); NotFound names ``what`` as its owner reads it."""
+    row = found.filter(pk=pk).first()
+    if row is None:
+        raise NotFound(f"No such {what} among yours.")
+    return row
+
+
+def slices_for(person: Person, action: Action = Action.VIEW) -> QuerySet[Slice]:
+    return scoped(Slice.objects.all(), person, action)
+
+
+def slice_for(person: Person, slice_id: int, action: Action = Action.VIEW) -> Slice:
+    return one(slices_for(person, action).select_related("gpu__host"), slice_id, "slice")
+
+
+def _reaches_everyone(person: Person, action: Action) -> bool:
+    return action in OPERATOR_ACTIONS and is_operator(person)

@@ -25,3 +25,8 @@ class GpuSessionsConfig(AppConfig):
 
         usage.register_measure(render_storage.measure_all)
         usage.register_measure(notebook_storage.measure_all)
+        # /metrics shows each workload's own figures; the metrics app reads no workload's models.
+        from sessions.metrics import prometheus
+        from sessions.notebooks.prometheus import NotebookCollector
+
+        prometheus.add_collector(NotebookCollector())

@@ -9,7 +9,7 @@ urlpatterns = [
     path("", notebook_views.session_list, name="session-list"),
     path("launch/", notebook_views.launch, name="session-launch"),
     path("all/", notebook_views.all_sessions, name="session-all"),
-    path("<int:session_id>/", metric_views.session_detail, name="session-detail"),
+    path("<int:session_id>/", notebook_views.session_detail, name="session-detail"),
     path("<int:session_id>/stop/", notebook_views.stop, name="session-stop"),
     path("render-jobs/", include("sessions.render.urls")),
     path("render/", RedirectView.as_view(pattern_name="render-job-list"), name="render"),

@@ -147,7 +147,11 @@ def _latest_client() -> aioredis.Redis:
 
 @database_sync_to_async
 def _watchable_session_owner(user: Any, session_id: int) -> int | None:
-    """The owner of a session this person may watch; None for one that is not theirs or does not exist."""
+    """The owner of a session this person may watch; None for one that is not theirs or does not exist. Asked
+    through the workload registry: metrics read no workload's models."""
     from sessions import access
+    from sessions.gpus import workloads
+    from sessions.gpus.holders import Holder
 
-    return access.sessions_for(user).filter(pk=session_id).values_list("owner_id", flat=True).first()
+    owner = workloads.kind_of(Holder.notebook(session_id)).owner_of(session_id)
+    return owner if access.reaches(user, access.Action.VIEW, owner) else None

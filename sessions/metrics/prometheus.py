@@ -4,8 +4,9 @@ GPU figures come from the latest fleet frame each agent leaves in Redis, so a
 scrape never touches a GPU and dashboards built for dcgm-exporter work as they
 are. A figure the device does not report (null in the frame) gets no sample at
 all: dcgm-exporter writes 0 for MIG utilisation, which reads as an idle slice.
-Portal figures (sessions, spawn times, slices) come from the database; other apps add theirs with
-``add_collector`` (billing's counters: sessions never import billing).
+Portal figures (slices, hosts) come from the database; the workloads and other apps add theirs with
+``add_collector`` (notebook sessions and spawn times, sessions/notebooks/prometheus.py; billing's counters:
+sessions never import billing, and metrics never import a workload).
 
 A fresh registry is built per request: nothing is kept between scrapes, and
 several portal processes answer alike.
@@ -18,26 +19,23 @@ import json
 import logging
 import time
 from collections.abc import Iterable, Iterator
-from datetime import timedelta
 from typing import Any
 
 import redis
 from django.conf import settings
-from django.db.models import Count, DurationField, ExpressionWrapper, F, Q, Sum
+from django.db.models import Count
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseNotAllowed
 from django.views.decorators.csrf import csrf_exempt
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
-from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.samples import Sample
 
 from portal.clock import database_now
 from sessions.gpus.models import GpuHost, Slice
 from sessions.metrics.agent import LATEST_TTL_S, latest_frames
-from sessions.notebooks.models import NotebookSession
 
 log = logging.getLogger(__name__)
 REDIS_TIMEOUT_S = 2.0
-SPAWN_BUCKETS_S = (1, 2, 5, 10, 20, 30, 60, 120, 180, 300)
 
 # Frame field -> (dcgm-exporter name, its help text). MIG devices report only util and memory.
 GPU_FIGURES = {
@@ -133,32 +131,6 @@ def agent_families(frames: dict[str, Frame], now: float) -> list[Metric]:
     return [agents, age]
 
 
-def sessions_family() -> Metric:
-    """Sessions by state, every state listed so a state emptying reads 0 rather than vanishing."""
-    counts = dict(NotebookSession.objects.values("state").annotate(n=Count("pk")).values_list("state", "n"))
-    family = GaugeMetricFamily("portal_sessions", "Notebook sessions by state.", labels=["state"])
-    for state in NotebookSession.State.values:
-        family.add_metric([state], counts.get(state, 0))
-    return family
-
-
-def spawn_family() -> Metric:
-    """Requested-to-ready time of every session that became ready, counted in the database in one query."""
-    took = ExpressionWrapper(F("ready_at") - F("requested_at"), output_field=DurationField())
-    ready = NotebookSession.objects.filter(ready_at__isnull=False).annotate(took=took)
-    sums = ready.aggregate(
-        total=Count("pk"),
-        seconds=Sum("took"),
-        **{f"le{le}": Count("pk", filter=Q(took__lte=timedelta(seconds=le))) for le in SPAWN_BUCKETS_S},
-    )
-    buckets = [(str(float(le)), float(sums[f"le{le}"])) for le in SPAWN_BUCKETS_S]
-    buckets.append(("+Inf", float(sums["total"])))
-    seconds = sums["seconds"].total_seconds() if sums["seconds"] is not None else 0.0
-    return HistogramMetricFamily(
-        "portal_spawn_duration_seconds", "Time from a session's request to it being ready.", buckets, seconds
-    )
-
-
 def slices_family() -> Metric:
     family = GaugeMetricFamily("portal_slices_in_use", "GPU slices held now.", labels=["kind", "profile"])
     held = Slice.objects.filter(released_at__isnull=True).values_list("kind", "profile").annotate(n=Count("pk"))
@@ -192,8 +164,6 @@ class PortalCollector:
         frames = read_frames()
         yield from gpu_families(fresh(frames, now).values())
         yield from agent_families(frames, now)
-        yield sessions_family()
-        yield spawn_family()
         yield slices_family()
         yield from hosts_families()
 

@@ -5,26 +5,14 @@ from __future__ import annotations
 import time
 
 import redis
-from django.contrib.auth.decorators import login_required
 from django.http import HttpResponse
 from django.shortcuts import render
 from django.views.decorators.http import require_GET
 
 from portal.access import staff_required
 from portal.http import PortalRequest
-from sessions import access
 from sessions.metrics.agent import latest_frames
 from sessions.metrics.frames import marked_if_stale
-from sessions.metrics.history import session_history
-
-
-@login_required
-@require_GET
-def session_detail(request: PortalRequest, session_id: int) -> HttpResponse:
-    """One session: its state, live charts of its slice and its whole per-minute history."""
-    session = access.session_for(request.user, session_id, access.Action.VIEW)
-    context = {"session": session, "history": session_history(session.pk)}
-    return render(request, "sessions/session_detail.html", context)
 
 
 @staff_required

@@ -21,7 +21,7 @@ from django.utils import timezone
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_GET, require_POST
 
-from sessions import access
+from sessions.notebooks import access as notebook_access
 from sessions.notebooks import services
 from sessions.notebooks.models import NotebookSession, WorkVolume
 from sessions.runtime.slices import spec_for
@@ -93,7 +93,7 @@ def event(request: HttpRequest) -> HttpResponse:
     except ValueError as error:
         return _refuse(400, str(error))
     # The hub speaks for the person whose server it runs, and only for their sessions.
-    if not access.sessions_for_hub_user(user).filter(pk=session_id).exists():
+    if not notebook_access.sessions_for_hub_user(user).filter(pk=session_id).exists():
         return _refuse(404, "No such session.")
     container_id, message = str(body.get("container_id", "")), str(body.get("message", ""))
     exit_code = body.get("exit_code")

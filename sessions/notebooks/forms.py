@@ -6,8 +6,8 @@ from typing import Any
 
 from django import forms
 
+from sessions.gpus.offers import Offer, offer_choice_label, request_for
 from sessions.notebooks.models import NotebookImage
-from sessions.notebooks.offers import Offer, request_for
 
 
 class LaunchForm(forms.Form):
@@ -33,11 +33,3 @@ class LaunchForm(forms.Form):
         if request_for(key) is None:
             raise forms.ValidationError("Pick one of the listed GPU slices.")
         return key
-
-
-def offer_choice_label(offer: Offer) -> str:
-    """An offer as a choice on a form: what it is, how many are free, its prices."""
-    price = f" — {offer.price_per_hour}/h" if offer.price else ""
-    if offer.price and offer.price.spot_per_hour:
-        price += f", spot {offer.price.spot_per_hour}/h"
-    return f"{offer.label} — {offer.free} free{price}{' (simulated)' if offer.simulated else ''}"

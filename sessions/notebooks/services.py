@@ -24,6 +24,7 @@ from sessions.gpus import holdings, orders, workloads
 from sessions.gpus.allocator import AllocationRefused, SliceRequest, allocate
 from sessions.gpus.holders import Holder
 from sessions.gpus.models import Slice
+from sessions.notebooks import access as notebook_access
 from sessions.notebooks import spot
 from sessions.notebooks.hub import Hub, HubError, HubUnavailable
 from sessions.notebooks.models import NotebookImage, NotebookSession
@@ -201,7 +202,7 @@ def note_step(session_id: int, message: str) -> None:
 
 def launch_spec_for(username: str, server_name: str) -> NotebookSession | None:
     """The starting session a spawner may launch for this hub user and server, if any."""
-    found = access.sessions_for_hub_user(username).select_related("slice", "slice__gpu", "image", "owner")
+    found = notebook_access.sessions_for_hub_user(username).select_related("slice", "slice__gpu", "image", "owner")
     return found.filter(server_name=server_name, state=State.STARTING).first()
 
 

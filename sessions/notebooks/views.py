@@ -19,14 +19,16 @@ from portal.access import staff_required
 from portal.http import PortalRequest
 from portal.roles import can_launch, launch_refusal
 from sessions import access
-from sessions.gpus import workloads
+from sessions.gpus import pricing, workloads
 from sessions.gpus.holders import Holder
+from sessions.gpus.offers import offers, request_for
 from sessions.metrics.agent import latest_frames
 from sessions.metrics.frames import device_utilisation
-from sessions.notebooks import pricing, storage
+from sessions.metrics.history import session_history
+from sessions.notebooks import access as notebook_access
+from sessions.notebooks import storage
 from sessions.notebooks.forms import LaunchForm
 from sessions.notebooks.models import NotebookSession
-from sessions.notebooks.offers import offers, request_for
 from sessions.notebooks.services import Launch, LaunchRefused, start_session
 from sessions.storage import shown, usage
 
@@ -99,7 +101,7 @@ def launch(request: PortalRequest) -> HttpResponse:
 @require_POST
 def stop(request: PortalRequest, session_id: int) -> HttpResponse:
     """Its owner, or an operator from the all-sessions page, stops a session; anyone else gets a 404."""
-    session = access.session_for(request.user, session_id, access.Action.STOP)
+    session = notebook_access.session_for(request.user, session_id, access.Action.STOP)
     assert isinstance(request.user, User)
     workloads.stop(Holder.notebook(session.pk), workloads.Reason.USER, by=request.user)  # an operator's: STAFF
     mine = session.owner_id == request.user.pk
@@ -126,7 +128,7 @@ def all_sessions(request: PortalRequest) -> HttpResponse:
 
 
 def _everyone(request: PortalRequest) -> HttpResponse:
-    active = access.sessions_for(request.user).filter(state__in=NotebookSession.ACTIVE)
+    active = notebook_access.sessions_for(request.user).filter(state__in=NotebookSession.ACTIVE)
     sessions = active.select_related("owner", "slice__gpu__host", "image").order_by("requested_at")
     try:
         live: dict[str, float | None] | None = device_utilisation(latest_frames().values(), time.time(), LIVE_FOR_S)
@@ -141,3 +143,12 @@ def _everyone(request: PortalRequest) -> HttpResponse:
 def _row(session: NotebookSession, live: dict[str, float | None]) -> Row:
     device = session.slice.device_uuid if session.slice else ""
     return Row(session, device in live, live.get(device))
+
+
+@login_required
+@require_GET
+def session_detail(request: PortalRequest, session_id: int) -> HttpResponse:
+    """One session: its state, live charts of its slice (sessions.metrics) and its whole per-minute history."""
+    session = notebook_access.session_for(request.user, session_id, access.Action.VIEW)
+    context = {"session": session, "history": session_history(session.pk)}
+    return render(request, "sessions/session_detail.html", context)

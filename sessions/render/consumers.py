@@ -17,6 +17,7 @@ from django.contrib.auth.models import User
 from portal import push
 from portal.consumers import ForwardingConsumer
 from sessions import access
+from sessions.render import access as render_access
 
 log = logging.getLogger(__name__)
 
@@ -27,7 +28,7 @@ CLOSE_FORBIDDEN = 4403  # also for a job that does not exist: nobody learns what
 @database_sync_to_async
 def _reaches(user: User, job_id: int) -> bool:
     try:
-        access.render_job_for(user, job_id)
+        render_access.render_job_for(user, job_id)
     except access.NotFound:
         return False
     return True

@@ -14,8 +14,7 @@ from django.conf import settings
 from django.http import QueryDict
 
 from sessions.gpus.models import Slice
-from sessions.notebooks.forms import offer_choice_label
-from sessions.notebooks.offers import Offer, request_for
+from sessions.gpus.offers import Offer, offer_choice_label, request_for
 from sessions.render import frames
 from sessions.render.jobs import JobChoices
 from sessions.render.models import RenderJob

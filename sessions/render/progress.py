@@ -27,9 +27,9 @@ from django.urls import NoReverseMatch, reverse
 from django.utils import timezone
 
 from portal import push
+from sessions.gpus import pricing
 from sessions.gpus.holders import HolderKind
 from sessions.gpus.models import Slice
-from sessions.notebooks import pricing
 from sessions.render.models import RenderChunk, RenderFrame, RenderJob
 from sessions.runtime.blender_log import Event, FrameSaved, Marked, Progress
 

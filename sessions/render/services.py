@@ -27,11 +27,10 @@ from django.utils import timezone
 
 from portal.celery import send, send_on_commit
 from portal.roles import can_launch, launch_refusal
-from sessions.gpus import catalog, holdings, orders, workloads
+from sessions.gpus import catalog, holdings, orders, pricing, workloads
 from sessions.gpus.allocator import AllocationRefused, SliceRequest, allocate
 from sessions.gpus.holders import Holder
 from sessions.gpus.models import Slice
-from sessions.notebooks import pricing
 from sessions.render import containers, estimates, files, jobs, progress
 from sessions.render.models import RenderChunk, RenderFrame, RenderJob
 from sessions.runtime import blender, engines

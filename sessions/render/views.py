@@ -23,10 +23,10 @@ from django_htmx.http import HttpResponseClientRedirect, HttpResponseClientRefre
 from portal.http import PortalRequest
 from portal.roles import can_launch, is_operator, launch_refusal
 from sessions import access
-from sessions.gpus import workloads
+from sessions.gpus import pricing, workloads
 from sessions.gpus.holders import Holder
-from sessions.notebooks import pricing
-from sessions.notebooks.offers import offers
+from sessions.gpus.offers import offers
+from sessions.render import access as render_access
 from sessions.render import jobs, progress, results, retention, services, unpacking, uploads
 from sessions.render.forms import JobFilterForm, MainFileForm, RenderJobForm
 from sessions.render.limits import Refused
@@ -114,7 +114,7 @@ def _removals(user: User, found: usage.Usage) -> dict[tuple[str, str], shown.Rem
 
 def _listed(request: PortalRequest) -> list[RenderJob]:
     """The person's own jobs; staff see everyone's, narrowed by the filter form."""
-    found = access.render_jobs_for(request.user).select_related("owner")
+    found = render_access.render_jobs_for(request.user).select_related("owner")
     if is_operator(request.user):
         filters = JobFilterForm(request.GET or None)
         if filters.is_valid():
@@ -166,7 +166,7 @@ def _next_step(job: RenderJob) -> str:
 @login_required
 @require_GET
 def job_detail(request: PortalRequest, job_id: int) -> HttpResponse:
-    job = access.render_job_for(request.user, job_id)
+    job = render_access.render_job_for(request.user, job_id)
     return _detail(request, job)
 
 
@@ -214,7 +214,7 @@ def _files_until(job: RenderJob) -> object:
 @login_required
 @require_POST
 def choose_main_file(request: PortalRequest, job_id: int) -> HttpResponse:
-    job = access.render_job_for(request.user, job_id, access.Action.CONFIGURE)
+    job = render_access.render_job_for(request.user, job_id, access.Action.CONFIGURE)
     form = MainFileForm(request.POST, job=job)
     if form.is_valid():
         try:
@@ -231,7 +231,7 @@ def choose_main_file(request: PortalRequest, job_id: int) -> HttpResponse:
 @require_POST
 def confirm(request: PortalRequest, job_id: int) -> HttpResponse:
     """Its owner accepts the estimate and the job is queued; the money is theirs, so only they confirm."""
-    job = access.render_job_for(request.user, job_id, access.Action.CONFIGURE)
+    job = render_access.render_job_for(request.user, job_id, access.Action.CONFIGURE)
     try:
         services.confirm(job.pk, _person(request))
     except services.Refused as refused:
@@ -245,7 +245,7 @@ def confirm(request: PortalRequest, job_id: int) -> HttpResponse:
 @require_POST
 def cancel(request: PortalRequest, job_id: int) -> HttpResponse:
     """Its owner, or an operator, cancels a job in any state before it ends; anyone else gets a 404."""
-    job = access.render_job_for(request.user, job_id, access.Action.STOP)
+    job = render_access.render_job_for(request.user, job_id, access.Action.STOP)
     before_queue = job.state in (*RenderJob.BEFORE_QUEUE, RenderJob.State.ESTIMATING)  # its files go
     assert isinstance(request.user, User)
     try:
@@ -265,7 +265,7 @@ def cancel(request: PortalRequest, job_id: int) -> HttpResponse:
 @require_POST
 def requeue_failed(request: PortalRequest, job_id: int) -> HttpResponse:
     """A failed job's frames that are not done render again; its owner or an operator asks."""
-    job = access.render_job_for(request.user, job_id, access.Action.REQUEUE)
+    job = render_access.render_job_for(request.user, job_id, access.Action.REQUEUE)
     try:
         services.requeue_failed(job.pk)
     except services.Refused as refused:
@@ -281,7 +281,7 @@ def remove_files(request: PortalRequest, job_id: int) -> HttpResponse:
     """An ended job's files go now rather than at the end of its retention (its owner or an operator asks), to
     make room in the owner's storage quota; its record and charges stay. A job that has not ended is cancelled
     first."""
-    job = access.render_job_for(request.user, job_id, access.Action.REMOVE_FILES)
+    job = render_access.render_job_for(request.user, job_id, access.Action.REMOVE_FILES)
     try:
         removed = retention.remove_now(job.pk)
     except RenderJob.BadStep as refused:
@@ -319,7 +319,7 @@ def _gone(job: RenderJob) -> HttpResponse | None:
 @require_GET
 @cache_control(private=True)  # someone's own frames: no shared cache keeps them
 def frame_thumbnail(request: PortalRequest, job_id: int, number: int) -> HttpResponseBase:
-    job = access.render_job_for(request.user, job_id)
+    job = render_access.render_job_for(request.user, job_id)
     if gone := _gone(job):
         return gone
     return FileResponse(
@@ -331,7 +331,7 @@ def frame_thumbnail(request: PortalRequest, job_id: int, number: int) -> HttpRes
 @require_GET
 @cache_control(private=True)  # someone's own frames: no shared cache keeps them
 def frame_download(request: PortalRequest, job_id: int, number: int) -> HttpResponseBase:
-    job = access.render_job_for(request.user, job_id)
+    job = render_access.render_job_for(request.user, job_id)
     if gone := _gone(job):
         return gone
     frame = results.frame_of(job, number)
@@ -343,7 +343,7 @@ def frame_download(request: PortalRequest, job_id: int, number: int) -> HttpResp
 @require_GET
 @cache_control(private=True)  # someone's own frames: no shared cache keeps them
 def frames_zip(request: PortalRequest, job_id: int) -> HttpResponseBase:
-    job = access.render_job_for(request.user, job_id)
+    job = render_access.render_job_for(request.user, job_id)
     if gone := _gone(job):
         return gone
     response = StreamingHttpResponse(results.zip_stream(job, results.done_frames(job)), content_type="application/zip")

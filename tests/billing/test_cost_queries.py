@@ -16,8 +16,8 @@ from billing import ledger, meter, money
 from billing.launch import BillingPricing
 from portal.clock import database_now
 from sessions.gpus import holdings
+from sessions.gpus.offers import offers
 from sessions.notebooks.models import NotebookImage, NotebookSession
-from sessions.notebooks.offers import offers
 from tests.billing.conftest import A100
 from tests.factories import running_session
 from tests.gpus.conftest import use_fleet

@@ -250,7 +250,7 @@ def test_the_fleets_free_room_is_counted_in_the_same_queries_for_one_static_gpu_
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
 
-    from sessions.notebooks.offers import offers
+    from sessions.gpus.offers import offers
 
     gpus = make_fleet("q: 6xH200:mig")
     counted: list[int] = []

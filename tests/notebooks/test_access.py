@@ -17,6 +17,7 @@ from django.urls import reverse
 from sessions import access
 from sessions.access import Action
 from sessions.gpus.allocator import SliceRequest
+from sessions.notebooks import access as notebook_access
 from sessions.notebooks.models import NotebookImage, NotebookSession
 from sessions.notebooks.services import Launch, LaunchRefused, start_session, stop_session
 from tests.factories import running_session
@@ -150,10 +151,10 @@ def test_the_rule_for_sessions_and_slices(alice: User, bob: User, staff: User, b
     ]
     for person, action, allowed in cases:
         assert access.may(person, action, bobs) is allowed, (person, action)
-        assert access.sessions_for(person, action).filter(pk=bobs.pk).exists() is allowed, (person, action)
-    assert access.session_for(staff, bobs.pk, Action.STOP) == bobs
+        assert notebook_access.sessions_for(person, action).filter(pk=bobs.pk).exists() is allowed, (person, action)
+    assert notebook_access.session_for(staff, bobs.pk, Action.STOP) == bobs
     with pytest.raises(access.NotFound):
-        access.session_for(alice, bobs.pk)
+        notebook_access.session_for(alice, bobs.pk)
     people: list[tuple[User | AnonymousUser, bool]] = [(bob, True), (staff, True), (alice, False), (nobody, False)]
     for person, allowed in people:
         assert access.slices_for(person, Action.RELEASE).filter(pk=taken.pk).exists() is allowed, person

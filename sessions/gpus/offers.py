@@ -7,12 +7,11 @@ from dataclasses import dataclass, replace
 
 from django.contrib.auth.models import User
 
-from sessions.gpus import catalog
+from sessions.gpus import catalog, pricing
 from sessions.gpus.allocator import SliceRequest
 from sessions.gpus.capacity import capacities
 from sessions.gpus.models import Gpu
-from sessions.notebooks import pricing
-from sessions.notebooks.pricing import OfferPrice
+from sessions.gpus.pricing import OfferPrice
 
 
 @dataclass(frozen=True)
@@ -24,7 +23,7 @@ class Offer:
     free: int
     isolated: bool
     simulated: bool
-    price: OfferPrice | None = None  # from whoever bills launches (sessions/notebooks/pricing.py)
+    price: OfferPrice | None = None  # from whoever bills launches (sessions/gpus/pricing.py)
 
     @property
     def price_per_hour(self) -> str:
@@ -88,3 +87,11 @@ def request_for(key: str) -> SliceRequest | None:
     if kind not in {"mig", "whole", "shared"} or model not in catalog.models() or (kind == "mig") != bool(profile):
         return None
     return SliceRequest(kind=kind, profile=profile, model=model)
+
+
+def offer_choice_label(offer: Offer) -> str:
+    """An offer as a choice on a form: what it is, how many are free, its prices."""
+    price = f" — {offer.price_per_hour}/h" if offer.price else ""
+    if offer.price and offer.price.spot_per_hour:
+        price += f", spot {offer.price.spot_per_hour}/h"
+    return f"{offer.label} — {offer.free} free{price}{' (simulated)' if offer.simulated else ''}"
