@@ -1,4 +1,8 @@
-"""Handing out slices of GPUs and taking them back: ``allocate`` and ``release``.
+"""Handing out slices of GPUs and taking them back: ``allocate`` and ``release``, and the MIG placement.
+
+The request's checks are ``sessions.gpus.requests``, the pools' turns ``sessions.gpus.turns``, whole GPUs
+and shares ``sessions.gpus.whole``, a spot slice to reclaim ``sessions.gpus.reclaim``, and how much more fits
+``sessions.gpus.capacity``; what the portal needs of them it imports from here.
 
 Both run inside their caller's transaction (a launch's, a session end's), with
 Django's ORM and, on the hot path, a few plain statements that go to
@@ -18,27 +22,50 @@ per-person limit. Partial unique constraints back all of this up.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
 from functools import cache
 from typing import Any
 
 from django.conf import settings
 from django.contrib.auth.models import User
 from django.db import connection, transaction
-from django.db.models import Exists, F, OuterRef, QuerySet
+from django.db.models import Exists, OuterRef
 from django.utils import timezone
 
 from sessions.gpus import agency, catalog, demand, orders, placement, statements, workloads
 from sessions.gpus.capacity import free_capacity
 from sessions.gpus.catalog import GpuModel, Profile
 from sessions.gpus.holders import Holder
-from sessions.gpus.models import Gpu, GpuHost, GpuInstance, HostOrder, Reclaim, Slice, SliceQuota
+from sessions.gpus.models import Gpu, GpuHost, GpuInstance, HostOrder, Slice, SliceQuota
 from sessions.gpus.placement import Layout
+from sessions.gpus.reclaim import reclaimable
+from sessions.gpus.requests import (
+    AllocationRefused,
+    ReleaseRefused,
+    SliceRequest,
+    checked,
+    gpus_for,
+    models_for,
+    new_slice,
+    no_capacity_message,
+    refuse_if_hosts_away,
+)
+from sessions.gpus.turns import hold_every_pool, pools, take_turn, turn
+from sessions.gpus.whole import allocate_gpu
+
+__all__ = [
+    "AllocationRefused",
+    "ReleaseRefused",
+    "SliceRequest",
+    "allocate",
+    "hold_every_pool",
+    "reclaimable",
+    "release",
+    "take_turn",
+]
 
 log = logging.getLogger(__name__)
 Rule = Callable[[GpuModel, Sequence[tuple[Any, Layout]], Profile], tuple[Any, int] | None]
@@ -47,40 +74,13 @@ SLICE, USER, QUOTA = Slice._meta.db_table, User._meta.db_table, SliceQuota._meta
 ORDER = HostOrder._meta.db_table
 
 
-@dataclass(frozen=True)
-class SliceRequest:
-    """What someone asks for: a MIG profile, a whole GPU or a time-sliced share, optionally on a model or host,
-    on-demand or spot (``Slice.Market``).
-
-    ``model`` takes a catalog name or its short form (``H200``), as the fleet setting does.
-    """
-
-    kind: str
-    profile: str = ""
-    model: str = ""
-    host: str = ""
-    market: str = Slice.Market.ON_DEMAND
-
-
-class AllocationRefused(Exception):
-    """No slice was given; ``reason`` says why in words a user can act on."""
-
-    def __init__(self, reason: str, code: str = "no_capacity", free: dict[str, int] | None = None) -> None:
-        super().__init__(reason)
-        self.reason, self.code, self.free = reason, code, free or {}
-
-
-class ReleaseRefused(Exception):
-    pass
-
-
 def allocate(owner: User, request: SliceRequest, holder: Holder | None = None, rule: Rule | None = None) -> Slice:
     """A slice for ``owner``, inside the caller's transaction (or one of its own).
 
     For a workload (``holder``) only once the gate lets it start: AllocationRefused with code ``credit`` says
     why not. ``rule`` places MIG instances; by default ours, weighed by the demand each model has seen.
     """
-    request = _checked(request)
+    request = checked(request)
     with _transaction():
         if holder is not None:
             _gate(owner, request, holder)
@@ -89,7 +89,7 @@ def allocate(owner: User, request: SliceRequest, holder: Holder | None = None, r
             raise AllocationRefused(f"You already hold {limit} slice(s), your limit; stop one first.", code="quota")
         if request.kind == Slice.Kind.MIG:
             return _allocate_mig(owner, request, holder, rule or _learned_rule, groups)
-        return _allocate_gpu(owner, request, holder)
+        return allocate_gpu(owner, request, holder)
 
 
 def _gate(owner: User, request: SliceRequest, holder: Holder) -> None:
@@ -126,21 +126,6 @@ def _transaction() -> Iterator[None]:
         yield
 
 
-def _checked(request: SliceRequest) -> SliceRequest:
-    """The request with its model's full name; refused at once if it names what does not exist."""
-    if request.kind not in Slice.Kind.values:
-        raise AllocationRefused(f"Unknown kind of slice {request.kind!r}.", code="bad_request")
-    if request.market not in Slice.Market.values:
-        raise AllocationRefused(f"Unknown market {request.market!r}; on_demand or spot.", code="bad_request")
-    model = catalog.resolve(request.model) if request.model else ""
-    if request.model and model not in catalog.models():
-        known = ", ".join(sorted(catalog.ALIASES))
-        raise AllocationRefused(f"There is no GPU model {request.model!r}; try one of {known}.", code="unknown_model")
-    if request.host and not GpuHost.objects.filter(name=request.host).exists():
-        raise AllocationRefused(f"There is no GPU host named {request.host!r}.", code="unknown_host")
-    return replace(request, model=model)
-
-
 def _first_look(owner: User, request: SliceRequest) -> tuple[int, int, list[tuple[Any, ...]]]:
     """Take our turn, lock the owner, and read their limit, the slices they hold and (for MIG) where it may go.
 
@@ -150,74 +135,18 @@ def _first_look(owner: User, request: SliceRequest) -> tuple[int, int, list[tupl
     lock queues one person's parallel requests for their limit, across pools.
     """
     looks: list[tuple[str, Sequence[Any]]] = []
-    turn = connection.vendor == "postgresql"
-    if turn:
-        looks.append(_turn(_pools(request)))
+    turns = connection.vendor == "postgresql"
+    if turns:
+        looks.append(turn(pools(request)))
     lock = " FOR NO KEY UPDATE OF u" if connection.features.has_select_for_update_of else ""
     user = f"SELECT q.max_slices FROM {USER} u LEFT JOIN {QUOTA} q ON q.user_id = u.id WHERE u.id = %s{lock}"
     looks.append((user, [owner.pk]))
     looks.append((f"SELECT count(*) FROM {SLICE} WHERE owner_id = %s AND released_at IS NULL", [owner.pk]))
     if request.kind == Slice.Kind.MIG:
         looks.append(_groups_sql(request))
-    quota, held, *groups = statements.run(*looks)[1 if turn else 0 :]
+    quota, held, *groups = statements.run(*looks)[1 if turns else 0 :]
     limit = int(settings.MAX_SLICES_PER_USER) if not quota or quota[0][0] is None else int(quota[0][0])
     return limit, int(held[0][0]), groups[0] if groups else []
-
-
-def hold_every_pool() -> None:
-    """Wait for every allocation in flight and keep new ones waiting until the caller's transaction ends
-    (fleet discovery compares the driver's instances with the rows at one moment)."""
-    if connection.vendor == "postgresql":
-        statements.run(_turn([Slice.Kind.WHOLE, Slice.Kind.SHARED, *_mig_pools()]))
-
-
-def take_turn(request: SliceRequest) -> None:
-    """Wait for this request's pools' turn and keep it until the caller's transaction ends.
-
-    For a release that hands its room straight to a waiting request (a reclaimed spot slice): the turn
-    first, then the release's GPU row lock, the order every allocation takes them in, so neither waits
-    for the other in a circle, and no request in between can take the room.
-    """
-    if connection.vendor == "postgresql":
-        statements.run(_turn(_pools(_checked(request))))
-
-
-def _pools(request: SliceRequest) -> list[str]:
-    if request.kind != Slice.Kind.MIG:
-        return [request.kind]
-    return [f"mig:{request.model}"] if request.model else _mig_pools()
-
-
-def _mig_pools() -> list[str]:
-    return [f"mig:{model.name}" for model in catalog.models().values() if model.profiles]
-
-
-def _turn(pools: Sequence[str]) -> tuple[str, list[Any]]:
-    """The statement that waits for these pools' turns, in the keys' order (no two requests wait in a circle)."""
-    keys = sorted(_lock_key(pool) for pool in pools)
-    return "SELECT count(pg_advisory_xact_lock(k)) FROM unnest(%s::bigint[]) AS k", [keys]
-
-
-@cache
-def _lock_key(pool: str) -> int:
-    """A stable 64-bit advisory-lock key for an allocation pool."""
-    digest = hashlib.sha256(f"gpu-portal:allocate:{pool}".encode()).digest()
-    return int.from_bytes(digest[:8], "big", signed=True)
-
-
-def _models_for(request: SliceRequest) -> tuple[GpuModel, ...]:
-    """The catalog models that have the requested profile, in the order they are tried."""
-    return _models_with(request.model, request.profile)
-
-
-@cache
-def _models_with(model_name: str, profile: str) -> tuple[GpuModel, ...]:
-    names = [model_name] if model_name else sorted(catalog.models())  # the catalog never changes in a process
-    return tuple(
-        model
-        for name in names
-        if (model := catalog.models().get(name)) and any(p.name == profile for p in model.profiles)
-    )
 
 
 def _groups_sql(request: SliceRequest) -> tuple[str, list[Any]]:
@@ -226,7 +155,7 @@ def _groups_sql(request: SliceRequest) -> tuple[str, list[Any]]:
     A fleet of a thousand GPUs has far fewer distinct layouts, and any GPU of a layout is as good as another.
     """
     fits, params = [], []
-    for model in _models_for(request):
+    for model in models_for(request):
         fits.append("(model_name = %s AND (mig_policy = 'static' OR compute_used <= %s))")
         params += [model.name, model.compute_slices - model.profile(request.profile).compute_slices]
     where = f"sharing = 'mig' AND state = 'ok' AND ({' OR '.join(fits) or 'FALSE'})"
@@ -244,31 +173,18 @@ def _groups_sql(request: SliceRequest) -> tuple[str, list[Any]]:
 def _allocate_mig(
     owner: User, request: SliceRequest, holder: Holder | None, rule: Rule, groups: list[tuple[Any, ...]]
 ) -> Slice:
-    models = _models_for(request)
+    models = models_for(request)
     for model in models:
         taken = _place(owner, request, model, model.profile(request.profile), holder, rule, groups)
         if taken:
             return taken
-    mig = _gpus(request, Gpu.Sharing.MIG, any_host=True).filter(model_name__in=[model.name for model in models])
+    mig = gpus_for(request, Gpu.Sharing.MIG, any_host=True).filter(model_name__in=[model.name for model in models])
     if not mig.exists():
         where = f" on {request.model}" if request.model else " in the fleet"
         raise AllocationRefused(f"No MIG GPU{where} has the profile {request.profile!r}.", code="unknown_profile")
-    _refuse_if_hosts_away(mig, f"a MIG GPU with {request.profile}")
+    refuse_if_hosts_away(mig, f"a MIG GPU with {request.profile}")
     free = {name: count for name, count in free_capacity(request.model or None).items() if count}
-    raise AllocationRefused(_no_capacity_message(request.profile, free), free=free)
-
-
-def _gpus(request: SliceRequest, sharing: str, any_host: bool = False) -> QuerySet[Gpu]:
-    """Working GPUs handed out as ``sharing`` on hosts that are up (sessions.gpus.hosts; ``any_host``: on any
-    host), as asked."""
-    gpus = Gpu.objects.filter(sharing=sharing, state=Gpu.State.OK)
-    if not any_host:
-        gpus = gpus.filter(host__state=GpuHost.State.UP)
-    if request.model:
-        gpus = gpus.filter(model_name=request.model)
-    if request.host:
-        gpus = gpus.filter(host__name=request.host)
-    return gpus
+    raise AllocationRefused(no_capacity_message(request.profile, free), free=free)
 
 
 def _place(
@@ -309,7 +225,7 @@ def _place(
 
 def _take_layout_instance(owner: User, request: SliceRequest, profile: Profile, holder: Holder | None) -> Slice | None:
     """A free instance of this profile in a static layout, its GPU locked and the instance checked free again."""
-    static = _gpus(request, Gpu.Sharing.MIG).filter(mig_policy=Gpu.Policy.STATIC)
+    static = gpus_for(request, Gpu.Sharing.MIG).filter(mig_policy=Gpu.Policy.STATIC)
     in_use = Slice.objects.filter(instance=OuterRef("pk"), released_at__isnull=True)
     free = GpuInstance.objects.filter(origin=GpuInstance.Origin.LAYOUT, profile=profile.name, gpu__in=static)
     free = free.filter(~Exists(in_use)).order_by("gpu_id", "start")
@@ -356,7 +272,7 @@ def _made(
     """Record the slice on the claimed room and the order for its instance, which the host's agent alone
     makes (``sessions.gpus.orders``): the slice's device is known once it has (``orders.wait_for_slice``)."""
     gpu_id, host_id, host = claimed
-    taken = _slice(owner, request, gpu_id, holder, "", profile.compute_slices, profile.memory_gib)
+    taken = new_slice(owner, request, gpu_id, holder, "", profile.compute_slices, profile.memory_gib)
     taken.profile, taken.placement_start, taken.placement_size = profile.name, start, profile.placement_size
     order = orders.to_create(host_id, gpu_id, profile.name, start)
     [(order_id, taken.pk)] = _recorded(taken, order)
@@ -378,29 +294,6 @@ def _recorded(taken: Slice, order: HostOrder) -> list[tuple[Any, ...]]:
     return statements.rows(f"WITH taken AS ({slice_sql}) {order_sql}, slice_id", [*slice_params, *order_params])
 
 
-def _slice(
-    owner: User,
-    request: SliceRequest,
-    gpu_id: int,
-    holder: Holder | None,
-    device_uuid: str,
-    compute_slices: int,
-    memory_gib: float,
-) -> Slice:
-    return Slice(
-        gpu_id=gpu_id,
-        kind=request.kind,
-        market=request.market,
-        holder_kind=holder.kind if holder else "",
-        holder_id=holder.id if holder else None,
-        compute_slices=compute_slices,
-        memory_gib=memory_gib,
-        device_uuid=device_uuid,
-        owner=owner,
-        allocated_at=timezone.now(),
-    )
-
-
 def _mig_slice(
     owner: User,
     request: SliceRequest,
@@ -409,7 +302,7 @@ def _mig_slice(
     profile: Profile,
     placed: GpuInstance,
 ) -> Slice:
-    taken = _slice(owner, request, gpu_id, holder, placed.device_uuid, profile.compute_slices, profile.memory_gib)
+    taken = new_slice(owner, request, gpu_id, holder, placed.device_uuid, profile.compute_slices, profile.memory_gib)
     taken.profile, taken.placement_start, taken.placement_size = profile.name, placed.start, placed.size
     return taken
 
@@ -444,42 +337,6 @@ def _record(
 ) -> Slice:
     taken = _mig_slice(owner, request, gpu.pk, holder, profile, instance)
     taken.instance = instance
-    taken.save(force_insert=True)
-    return taken
-
-
-def _refuse_if_hosts_away(gpus: QuerySet[Gpu], what: str) -> None:
-    """Refuse, saying so, when every host with such GPUs is draining or lost."""
-    if not gpus.filter(host__state=GpuHost.State.UP).exists():
-        states = sorted(set(gpus.values_list("host__state", flat=True)))
-        raise AllocationRefused(
-            f"Every GPU host with {what} is {' or '.join(states)} and takes no new work now; try again later.",
-            code="hosts_away",
-        )
-
-
-def _allocate_gpu(owner: User, request: SliceRequest, holder: Holder | None) -> Slice:
-    """A whole GPU, or a share of a time-sliced one: the row lock waits, and the check runs again after it."""
-    label = "whole GPU" if request.kind == Slice.Kind.WHOLE else "time-sliced share"
-    where = f" of {request.model}" if request.model else ""
-    pool = _gpus(request, request.kind)
-    if not pool.exists():
-        anywhere = _gpus(request, request.kind, any_host=True)
-        if not anywhere.exists():
-            raise AllocationRefused(f"No GPU{where} in the fleet is offered as a {label}.", code="unavailable")
-        _refuse_if_hosts_away(anywhere, f"a {label}{where}")
-    gpus = pool.select_for_update(of=("self",), no_key=True)
-    if request.kind == Slice.Kind.WHOLE:
-        gpu = gpus.filter(active_slices=0).order_by("index", "id").first()
-    else:
-        gpu = gpus.filter(active_slices__lt=F("share_limit")).order_by("active_slices", "id").first()
-    if gpu is None:
-        raise AllocationRefused(f"No {label}{where} is free now; try again later or pick a MIG slice.")
-    gpu.active_slices += 1
-    gpu.save(update_fields=["active_slices"])
-    taken = _slice(owner, request, gpu.pk, holder, gpu.uuid, gpu.catalog_model.compute_slices or 1, gpu.memory_gib)
-    if request.kind == Slice.Kind.SHARED:
-        taken.shares = max(gpu.share_limit, 1)  # frozen: the rate a share pays does not move with the setting
     taken.save(force_insert=True)
     return taken
 
@@ -556,51 +413,3 @@ def _refuse_release(slice_id: int) -> None:
     if not Slice.objects.filter(pk=slice_id).exists():
         raise ReleaseRefused(f"There is no slice {slice_id}.")
     raise ReleaseRefused("This slice was already released.")
-
-
-def reclaimable(request: SliceRequest) -> Slice | None:
-    """The spot slice whose end would make room for ``request`` (one refused for capacity), or None.
-
-    Only an active spot slice a workload holds (a notebook session, a render job) and that nobody is waiting
-    for already; never an on-demand one. The youngest first: it has the least work to lose. The room it leaves
-    must fit the request: the MIG layout without its instance admits the profile (dynamic), or its instance is of
-    the profile (static); a whole GPU it alone holds; a share of a full time-sliced GPU.
-    Read-only: the caller records the promise (``Reclaim``) in the turn its refused ``allocate`` took.
-    """
-    request = _checked(request)
-    promised = Reclaim.objects.filter(slice=OuterRef("pk"), state=Reclaim.State.PENDING)
-    spot = Slice.objects.filter(
-        released_at__isnull=True,
-        market=Slice.Market.SPOT,
-        holder_id__isnull=False,
-        kind=request.kind,
-        gpu__in=_gpus(request, request.kind),
-    )
-    spot = spot.exclude(Exists(promised)).select_related("gpu").order_by("-allocated_at", "-id")
-    return next((taken for taken in spot if _room_after(taken, request)), None)
-
-
-def _room_after(taken: Slice, request: SliceRequest) -> bool:
-    """Whether ``request`` fits on ``taken``'s GPU once ``taken`` is gone."""
-    gpu = taken.gpu
-    if request.kind == Slice.Kind.WHOLE:
-        return gpu.active_slices == 1
-    if request.kind == Slice.Kind.SHARED:
-        return gpu.active_slices >= gpu.share_limit
-    model = gpu.catalog_model
-    if not any(profile.name == request.profile for profile in model.profiles):
-        return False
-    if gpu.mig_policy == Gpu.Policy.STATIC:
-        return taken.profile == request.profile
-    if taken.placement_start is None:
-        return False
-    without = gpu.layout().without_instance(model.profile(taken.profile), taken.placement_start)
-    return bool(placement.free_starts(model, without, model.profile(request.profile)))
-
-
-def _no_capacity_message(profile: str, free: dict[str, int]) -> str:
-    """What else is free, never the refused profile itself (which a look just found had no room)."""
-    others = sorted((name, count) for name, count in free.items() if count and not name.endswith(f" {profile}"))
-    available = [f"{name} ×{count}" for name, count in others]
-    tail = "Free right now: " + ", ".join(available) + "." if available else "Nothing else is free right now."
-    return f"No {profile} slice is free now. {tail}"

@@ -10,9 +10,11 @@ Orders ride the database, not the broker: an order is recorded exactly when the 
 commits (a queue message sent on commit can be lost between the two, and one sent before can outrun a
 rollback), it survives an agent's restart as a row the next agent finds, the device's answer lands in the same
 transaction as the rows it changes, and PostgreSQL's ``LISTEN``/``NOTIFY`` wakes the agent as soon as the
-order commits (a trigger, migration 0020), so no queue is polled. An agent claims with ``FOR UPDATE SKIP
-LOCKED`` and only the oldest pending order of a GPU, so one GPU's orders run in the order they were decided (a
-destroy before the create that reuses its room) while different GPUs' run side by side.
+order commits (a trigger, migration 0020), so no queue is polled. An agent claims with ``FOR NO KEY UPDATE
+SKIP LOCKED`` (not ``FOR UPDATE``: a release recording its destroy, whose key refers to the create, must not
+wait for the agent carrying that create out, which waits for the slice the release holds) and only the oldest
+pending order of a GPU, so one GPU's orders run in the order they were decided (a destroy before the create
+that reuses its room) while different GPUs' run side by side.
 
 Exactly once: a crash before the result is recorded rolls the claim back, and the order is pending again. The
 next try first asks the device what is at the order's placement (a MIG placement holds one instance), and a
@@ -93,7 +95,7 @@ def carry_out(order_id: int) -> bool:
     False if it was not pending (done already, or another agent holds it)."""
     with transaction.atomic():
         order = (
-            HostOrder.objects.select_for_update(skip_locked=True, of=("self",))
+            HostOrder.objects.select_for_update(skip_locked=True, of=("self",), no_key=True)
             .select_related("gpu", "host")
             .filter(pk=order_id, state=OrderState.PENDING)
             .first()
@@ -114,7 +116,7 @@ def carry_out_next(hosts: Iterable[str] | None = None) -> bool:
         pending = pending.filter(host__name__in=names)
     with transaction.atomic():
         order = (
-            pending.select_for_update(skip_locked=True, of=("self",))
+            pending.select_for_update(skip_locked=True, of=("self",), no_key=True)
             .select_related("gpu", "host")
             .order_by("pk")
             .first()
@@ -161,8 +163,11 @@ def _create(order: HostOrder, backend: GpuBackend) -> None:
 def _record_instance(order: HostOrder, made: FoundInstance) -> None:
     """The instance's row, and its slice's device, while the slice is held; a slice released meanwhile has a
     destroy order after this one, which reads the instance from this order."""
-    held = Slice.objects.filter(pk=order.slice_id or 0, released_at__isnull=True, instance__isnull=True)
-    if not held.exists():
+    # Locked first: a release of it meanwhile is waited for, and then seen (it records its destroy after this).
+    held = Slice.objects.select_for_update(no_key=True).filter(
+        pk=order.slice_id or 0, released_at__isnull=True, instance__isnull=True
+    )
+    if held.first() is None:
         return
     instance = GpuInstance.of(order.gpu_id, made, GpuInstance.Origin.DYNAMIC)
     instance.save(force_insert=True)

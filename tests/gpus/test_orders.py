@@ -161,15 +161,15 @@ def test_an_order_retried_after_the_agent_died_makes_one_instance(gpu: Gpu, not_
 
 
 def test_a_create_the_device_refuses_fails_the_launch_with_the_devices_reason(gpu: Gpu) -> None:
-    """The allocator's books and the device disagree (a hand-made instance where the allocator put the slice):
-    the order fails, saying what the device holds, and the launch gets that reason."""
+    """The allocator's books and the device disagree (an instance made by hand where the allocator puts the
+    slice): the order fails, saying what the device holds, and the launch gets that reason."""
+    get_backend().create_instance(gpu.uuid, H200.profile("1g.18gb"), 0)  # by hand (this process is the agent)
     agency.stop_acting_for([agency.EVERY_HOST])
     try:
-        taken = launched(User.objects.create_user("clash"))
+        taken = launched(User.objects.create_user("clash"))  # first-fit on books that say empty: slice 0
     finally:
-        agency.act_for([agency.EVERY_HOST])
-    start = taken.placement_start or 0
-    get_backend().create_instance(gpu.uuid, H200.profile("1g.18gb"), start)  # by hand, before the agent got there
-    assert orders.carry_out_next(["ord"])
-    with pytest.raises(orders.OrderFailed, match=f"memory slice {start} holds a 1g.18gb instance already"):
-        orders.wait_for_slice(taken.pk, deadline_s=5)
+        agency.act_for([agency.EVERY_HOST])  # this process's agent carries the order out
+    assert taken.placement_start == 0
+    with pytest.raises(orders.OrderFailed, match="memory slice 0 holds a 1g.18gb instance already"):
+        orders.wait_for_slice(taken.pk, deadline_s=10)
+    assert HostOrder.objects.get(slice=taken).state == Order.FAILED

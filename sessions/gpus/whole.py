@@ -1,0 +1,37 @@
+"""Whole GPUs and time-sliced shares: no placement, a row lock and a count (the MIG placement is the
+allocator's own)."""
+
+from __future__ import annotations
+
+from django.contrib.auth.models import User
+from django.db.models import F
+
+from sessions.gpus.holders import Holder
+from sessions.gpus.models import Slice
+from sessions.gpus.requests import AllocationRefused, SliceRequest, gpus_for, new_slice, refuse_if_hosts_away
+
+
+def allocate_gpu(owner: User, request: SliceRequest, holder: Holder | None) -> Slice:
+    """A whole GPU, or a share of a time-sliced one: the row lock waits, and the check runs again after it."""
+    label = "whole GPU" if request.kind == Slice.Kind.WHOLE else "time-sliced share"
+    where = f" of {request.model}" if request.model else ""
+    pool = gpus_for(request, request.kind)
+    if not pool.exists():
+        anywhere = gpus_for(request, request.kind, any_host=True)
+        if not anywhere.exists():
+            raise AllocationRefused(f"No GPU{where} in the fleet is offered as a {label}.", code="unavailable")
+        refuse_if_hosts_away(anywhere, f"a {label}{where}")
+    gpus = pool.select_for_update(of=("self",), no_key=True)
+    if request.kind == Slice.Kind.WHOLE:
+        gpu = gpus.filter(active_slices=0).order_by("index", "id").first()
+    else:
+        gpu = gpus.filter(active_slices__lt=F("share_limit")).order_by("active_slices", "id").first()
+    if gpu is None:
+        raise AllocationRefused(f"No {label}{where} is free now; try again later or pick a MIG slice.")
+    gpu.active_slices += 1
+    gpu.save(update_fields=["active_slices"])
+    taken = new_slice(owner, request, gpu.pk, holder, gpu.uuid, gpu.catalog_model.compute_slices or 1, gpu.memory_gib)
+    if request.kind == Slice.Kind.SHARED:
+        taken.shares = max(gpu.share_limit, 1)  # frozen: the rate a share pays does not move with the setting
+    taken.save(force_insert=True)
+    return taken
