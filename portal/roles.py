@@ -18,12 +18,12 @@ ROLE_PERMISSIONS: dict[str, list[str]] = {
     USERS: [],
     # The admin's notebook pages: images, and a session's idle exemption (the rest of a session is read-only).
     OPERATORS: [
-        "gpu_sessions.view_notebooksession",
-        "gpu_sessions.change_notebooksession",
-        "gpu_sessions.view_notebookimage",
-        "gpu_sessions.add_notebookimage",
-        "gpu_sessions.change_notebookimage",
-        "gpu_sessions.delete_notebookimage",
+        "notebooks.view_notebooksession",
+        "notebooks.change_notebooksession",
+        "notebooks.view_notebookimage",
+        "notebooks.add_notebookimage",
+        "notebooks.change_notebookimage",
+        "notebooks.delete_notebookimage",
     ],
     BILLING: ["billing.view_finance"],
 }

@@ -136,6 +136,13 @@ INSTALLED_APPS = [
     "axes",
     "oauth2_provider",
     "portal",
+    # sessions/ by domain (README, "sessions/ by domain"): one app each, wired together by the last one.
+    "sessions.gpus.apps.GpusConfig",
+    "sessions.runtime.apps.RuntimeConfig",
+    "sessions.metrics.apps.MetricsConfig",
+    "sessions.storage.apps.StorageConfig",
+    "sessions.notebooks.apps.NotebooksConfig",
+    "sessions.render.apps.RenderConfig",
     "sessions.apps.GpuSessionsConfig",
     "billing",
     "csp",

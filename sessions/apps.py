@@ -2,6 +2,8 @@ from django.apps import AppConfig
 
 
 class GpuSessionsConfig(AppConfig):
+    """The wiring of the domain apps in sessions/ (it owns no table): the registries each fills at start-up."""
+
     name = "sessions"
     label = "gpu_sessions"
     verbose_name = "GPU sessions"

@@ -9,7 +9,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
     dependencies = [
         ("billing", "0001_initial"),
-        ("gpu_sessions", "0007_typed_slice_holder"),
+        ("gpus", "0001_initial"),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
@@ -227,7 +227,7 @@ class Migration(migrations.Migration):
                 (
                     "slice",
                     models.OneToOneField(
-                        on_delete=django.db.models.deletion.PROTECT, related_name="usage", to="gpu_sessions.slice"
+                        on_delete=django.db.models.deletion.PROTECT, related_name="usage", to="gpus.slice"
                     ),
                 ),
             ],

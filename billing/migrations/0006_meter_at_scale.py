@@ -23,14 +23,14 @@ def full(apps, schema_editor):
 
 
 def mark_metered(apps, schema_editor):
-    Slice = apps.get_model("gpu_sessions", "Slice")
+    Slice = apps.get_model("gpus", "Slice")
     Slice.objects.filter(usage__isnull=False).update(metered=True)
 
 
 class Migration(migrations.Migration):
     dependencies = [
         ("billing", "0005_budgets_and_credit_stops"),
-        ("gpu_sessions", "0008_slice_metered_marker"),
+        ("gpus", "0001_initial"),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 

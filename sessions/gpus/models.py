@@ -108,7 +108,7 @@ class Gpu(models.Model):
         ordering = ["host__name", "index"]
         constraints = [models.UniqueConstraint(fields=["host", "index"], name="gpu_unique_index_per_host")]
         # No index holds the layout columns (memory_mask ... active_slices): the allocator rewrites them on
-        # every claim and release, and with none indexed those are HOT updates (see migration 0014).
+        # every claim and release, and with none indexed those are HOT updates (migration 0002 keeps room for them).
 
     def __str__(self) -> str:
         return f"{self.host.name} GPU {self.index} ({self.model_name})"

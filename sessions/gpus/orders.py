@@ -10,7 +10,7 @@ Orders ride the database, not the broker: an order is recorded exactly when the 
 commits (a queue message sent on commit can be lost between the two, and one sent before can outrun a
 rollback), it survives an agent's restart as a row the next agent finds, the device's answer lands in the same
 transaction as the rows it changes, and PostgreSQL's ``LISTEN``/``NOTIFY`` wakes the agent as soon as the
-order commits (a trigger, migration 0020), so no queue is polled. An agent claims with ``FOR NO KEY UPDATE
+order commits (a trigger: gpus migration 0002), so no queue is polled. An agent claims with ``FOR NO KEY UPDATE
 SKIP LOCKED`` (not ``FOR UPDATE``: a release recording its destroy, whose key refers to the create, must not
 wait for the agent carrying that create out, which waits for the slice the release holds) and only the oldest
 pending order of a GPU, so one GPU's orders run in the order they were decided (a destroy before the create

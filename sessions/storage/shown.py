@@ -1,6 +1,6 @@
 """A person's storage as pages and refusals say it: used of quota, what uses it (largest first, each with its
 parts), and what they can remove. The render page and the sessions page show the same section
-(``templates/sessions/storage_use.html``), each adding the removals it offers."""
+(``sessions/storage/templates/sessions/storage_use.html``), each adding the removals it offers."""
 
 from __future__ import annotations
 

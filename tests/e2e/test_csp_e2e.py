@@ -73,7 +73,7 @@ def visits_for(role: str, session: NotebookSession) -> list[Visit]:
             Visit("fleet-gpu", f"/sessions/fleet/gpus/{mig_gpu}/", ".mig-map .mig-block.used"),
             Visit("fleet-live", "/sessions/fleet/live/", "#fleet-tiles .mig-devices li"),
             Visit("all-sessions", "/sessions/all/", "#all-sessions [data-testid='utilisation'] meter"),
-            Visit("admin-sessions-operator", "/admin/gpu_sessions/notebooksession/", "#result_list"),
+            Visit("admin-sessions-operator", "/admin/notebooks/notebooksession/", "#result_list"),
         ],
         "root": [
             Visit("admin-index", "/admin/", "#content-main"),
@@ -84,9 +84,9 @@ def visits_for(role: str, session: NotebookSession) -> list[Visit]:
                 "#id_groups_to",
                 clicks=("#id_groups_add_all", "#calendarlink0", "#calendarbox0 .calendar-shortcuts a"),
             ),
-            Visit("admin-gpu-list", "/admin/gpu_sessions/gpu/", "#result_list"),
-            Visit("admin-session", f"/admin/gpu_sessions/notebooksession/{session.pk}/change/", "#id_idle_exempt"),
-            Visit("admin-image-list", "/admin/gpu_sessions/notebookimage/", "#result_list"),
+            Visit("admin-gpu-list", "/admin/gpus/gpu/", "#result_list"),
+            Visit("admin-session", f"/admin/notebooks/notebooksession/{session.pk}/change/", "#id_idle_exempt"),
+            Visit("admin-image-list", "/admin/notebooks/notebookimage/", "#result_list"),
         ],
     }[role]
 

@@ -241,10 +241,10 @@ def test_markup_in_the_database_shows_as_text_on_the_fleet_and_admin_pages(
     page.context.clear_cookies()
     log_in(page, portal_server, "root")
     for path, texts in (
-        ("/admin/gpu_sessions/gpuhost/", [img("host"), img("drv")]),
-        ("/admin/gpu_sessions/slice/", [img("username")]),
-        ("/admin/gpu_sessions/notebooksession/", [img("host")]),
-        ("/admin/gpu_sessions/notebookimage/", [img("image")]),
+        ("/admin/gpus/gpuhost/", [img("host"), img("drv")]),
+        ("/admin/gpus/slice/", [img("username")]),
+        ("/admin/notebooks/notebooksession/", [img("host")]),
+        ("/admin/notebooks/notebookimage/", [img("image")]),
         ("/admin/auth/user/", [img("username"), img("first name"), script("last name")]),
     ):
         page.goto(portal_server + path)

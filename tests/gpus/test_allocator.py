@@ -280,12 +280,12 @@ def test_the_launch_paths_statements_reach_djangos_query_log_and_are_prepared_on
         for _ in range(6):
             release(allocate(many_slices, mig("1g.18gb")).pk)
     logged = [query["sql"] for query in queries.captured_queries]
-    claims = [sql for sql in logged if "UPDATE gpu_sessions_gpu SET memory_mask" in sql]
+    claims = [sql for sql in logged if "UPDATE gpus_gpu SET memory_mask" in sql]
     assert len(claims) == 12  # six claims and six releases of the layout (a release writes it all in one)
-    assert sum("INSERT INTO gpu_sessions_slice" in sql for sql in logged) == 6  # with its order for the agent
+    assert sum("INSERT INTO gpus_slice" in sql for sql in logged) == 6  # with its order for the agent
     if connection.vendor == "postgresql":
         with connection.cursor() as cursor:
             cursor.execute("SELECT statement FROM pg_prepared_statements")
             prepared = [row[0] for row in cursor.fetchall()]
-        assert any(sql.startswith("UPDATE gpu_sessions_gpu SET memory_mask") for sql in prepared)
+        assert any(sql.startswith("UPDATE gpus_gpu SET memory_mask") for sql in prepared)
         assert any(sql.startswith("SELECT model_name, mig_policy, layout_key") for sql in prepared)

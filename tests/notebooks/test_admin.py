@@ -16,8 +16,8 @@ from sessions.notebooks.models import NotebookImage, NotebookSession
 from tests.factories import make_user, running_session
 
 pytestmark = pytest.mark.django_db
-SESSIONS = "/admin/gpu_sessions/notebooksession/"
-IMAGES = "/admin/gpu_sessions/notebookimage/"
+SESSIONS = "/admin/notebooks/notebooksession/"
+IMAGES = "/admin/notebooks/notebookimage/"
 
 
 def as_user(user: User) -> Client:

@@ -18,7 +18,8 @@ from django.test import Client
 
 ROOT = Path(__file__).resolve().parents[2]
 OUR_SCRIPTS = sorted((ROOT / "static" / "js").glob("*.js"))
-OUR_TEMPLATES = sorted((ROOT / "templates").rglob("*.html"))
+# The project's templates and each sessions/ app's own (sessions/<app>/templates/).
+OUR_TEMPLATES = sorted([*(ROOT / "templates").rglob("*.html"), *(ROOT / "sessions").glob("*/templates/**/*.html")])
 
 
 def directives(header: str) -> dict[str, list[str]]:

@@ -118,8 +118,8 @@ def test_a_cancel_that_waits_for_the_claim_to_commit_starts_no_container(
     with alongside(hold_the_chunk, before_join=let_go.set):
         chunk_locked.wait(30)
         with alongside(lambda: chunks.work_on_slice(job.pk, held.pk), before_join=let_go.set):
-            wait_for(lambda: waiting_on_a_lock("gpu_sessions_renderchunk"), 60, "the claim waiting for the chunk")
+            wait_for(lambda: waiting_on_a_lock("render_renderchunk"), 60, "the claim waiting for the chunk")
             with alongside(cancel):
-                wait_for(lambda: waiting_on_a_lock("gpu_sessions_renderjob"), 60, "the cancel waiting for the job")
+                wait_for(lambda: waiting_on_a_lock("render_renderjob"), 60, "the cancel waiting for the job")
                 let_go.set()
     assert_cancel_was_final(job, held)

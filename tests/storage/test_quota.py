@@ -70,16 +70,16 @@ def test_an_administrator_sets_a_groups_and_a_persons_quota_in_the_admin(alice: 
     admin = Client()
     admin.force_login(make_user("root", [USERS, OPERATORS], is_staff=True, is_superuser=True))
 
-    added = admin.post("/admin/gpu_sessions/groupstoragequota/add/", {"group": lab.pk, "gib": "2.5"})
+    added = admin.post("/admin/storage/groupstoragequota/add/", {"group": lab.pk, "gib": "2.5"})
     assert added.status_code == 302, added.content.decode()[-2000:]
     assert usage.limit_of(alice) == int(2.5 * GIB)
-    added = admin.post("/admin/gpu_sessions/storagequota/add/", {"user": alice.pk, "gib": "0.75"})
+    added = admin.post("/admin/storage/storagequota/add/", {"user": alice.pk, "gib": "0.75"})
     assert added.status_code == 302
     assert usage.limit_of(alice) == int(0.75 * GIB)
-    refused = admin.post("/admin/gpu_sessions/storagequota/add/", {"user": alice.pk, "gib": "0"})
+    refused = admin.post("/admin/storage/storagequota/add/", {"user": alice.pk, "gib": "0"})
     assert refused.status_code == 200
     assert "Ensure this value is greater than or equal to 0.001" in refused.content.decode()
 
     usage.record(alice.pk, Kind.WORK_VOLUME, "vol-a", label="work/", size=3_000)
-    listed = admin.get("/admin/gpu_sessions/storageuse/").content.decode()
-    assert "work/" in listed and admin.get("/admin/gpu_sessions/storageuse/add/").status_code == 403
+    listed = admin.get("/admin/storage/storageuse/").content.decode()
+    assert "work/" in listed and admin.get("/admin/storage/storageuse/add/").status_code == 403

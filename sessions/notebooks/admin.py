@@ -1,8 +1,5 @@
-"""Admin views of the fleet records, of notebook images and sessions, and of storage quotas.
-
-Operators change GPUs through the fleet pages, not here. Images are edited here; of a session only its
-idle exemption is, and through the service: a session's lifecycle is never written by a form.
-"""
+"""Admin views of notebook images and sessions. Images are edited here; of a session only its idle exemption
+is, and through the service: a session's lifecycle is never written by a form."""
 
 from typing import Any
 
@@ -11,74 +8,8 @@ from django.contrib import admin, messages
 from django.db.models import QuerySet
 from django.http import HttpRequest
 
-from sessions.gpus.models import Gpu, GpuHost, GpuInstance, Slice, SliceQuota
 from sessions.notebooks.models import NotebookImage, NotebookSession
 from sessions.notebooks.services import exempt_from_idle_stop
-from sessions.storage.models import GroupStorageQuota, StorageQuota, StorageUse
-
-
-@admin.register(GpuHost)
-class GpuHostAdmin(admin.ModelAdmin[GpuHost]):
-    list_display = ["name", "backend", "driver_version", "last_seen"]
-    readonly_fields = ["name", "backend", "driver_version", "last_seen", "problem"]
-
-
-@admin.register(Gpu)
-class GpuAdmin(admin.ModelAdmin[Gpu]):
-    list_display = ["__str__", "uuid", "sharing", "mig_policy", "state", "active_slices"]
-    list_filter = ["sharing", "state", "model_name", "host"]
-    readonly_fields = [field.name for field in Gpu._meta.fields]
-
-
-@admin.register(GpuInstance)
-class GpuInstanceAdmin(admin.ModelAdmin[GpuInstance]):
-    list_display = ["gpu", "profile", "start", "device_uuid", "origin"]
-    readonly_fields = [field.name for field in GpuInstance._meta.fields]
-
-
-@admin.register(Slice)
-class SliceAdmin(admin.ModelAdmin[Slice]):
-    list_display = ["__str__", "kind", "holder", "allocated_at", "released_at"]
-    list_filter = ["kind", "released_at"]
-    readonly_fields = [field.name for field in Slice._meta.fields]
-
-
-@admin.register(SliceQuota)
-class SliceQuotaAdmin(admin.ModelAdmin[SliceQuota]):
-    list_display = ["user", "max_slices"]
-    autocomplete_fields = ["user"]
-
-
-@admin.register(StorageQuota)
-class StorageQuotaAdmin(admin.ModelAdmin[StorageQuota]):
-    """A person's own storage quota: it overrides their groups' and PORTAL_STORAGE_QUOTA_BYTES."""
-
-    list_display = ["user", "gib"]
-    autocomplete_fields = ["user"]
-
-
-@admin.register(GroupStorageQuota)
-class GroupStorageQuotaAdmin(admin.ModelAdmin[GroupStorageQuota]):
-    """A group's storage quota for each member (the largest of a person's groups' applies)."""
-
-    list_display = ["group", "gib"]
-    autocomplete_fields = ["group"]
-
-
-@admin.register(StorageUse)
-class StorageUseAdmin(admin.ModelAdmin[StorageUse]):
-    """What each person's files take, as last measured: read-only, the measures write it."""
-
-    list_display = ["owner", "kind", "label", "bytes", "measured_at"]
-    list_filter = ["kind"]
-    search_fields = ["owner__username", "label"]
-    readonly_fields = [field.name for field in StorageUse._meta.fields]
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: StorageUse | None = None) -> bool:
-        return False
 
 
 @admin.register(NotebookImage)
