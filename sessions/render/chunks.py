@@ -89,11 +89,7 @@ def work_on_slice(job_id: int, slice_id: int) -> int:
     not make is let go before any chunk is claimed; reconciliation dispatches the job again."""
     ran = 0
     last_end: datetime | None = None
-    try:
-        orders.wait_for_slice(slice_id)
-    except orders.OrderFailed as failed:
-        log.warning("render job %s: slice %s was not made: %s", job_id, slice_id, failed.reason)
-        _let_go(job_id, slice_id, None, "its GPU instance was not made")
+    if not _made(job_id, slice_id):
         return ran
     while True:
         claim = _claim(job_id, slice_id)
@@ -107,6 +103,8 @@ def work_on_slice(job_id: int, slice_id: int) -> int:
         if isinstance(claim, Moved):
             _let_go(job_id, slice_id, last_end, "render chunk retried on another slice")
             slice_id, last_end = claim.slice_id, None
+            if not _made(job_id, slice_id):
+                return ran
             continue
         if claim is None:
             break
@@ -115,6 +113,18 @@ def work_on_slice(job_id: int, slice_id: int) -> int:
         ran += 1
     _let_go(job_id, slice_id, last_end, "render job needs it no more")
     return ran
+
+
+def _made(job_id: int, slice_id: int) -> bool:
+    """Whether the slice's MIG instance is made (its host's agent makes it; ``sessions.gpus.orders``); one that
+    was not is let go, its chunk waiting for another slice."""
+    try:
+        orders.wait_for_slice(slice_id)
+    except orders.OrderFailed as failed:
+        log.warning("render job %s: slice %s was not made: %s", job_id, slice_id, failed.reason)
+        _let_go(job_id, slice_id, None, "its GPU instance was not made")
+        return False
+    return True
 
 
 def _let_go(job_id: int, slice_id: int, last_end: datetime | None, reason: str) -> None:
