@@ -1,7 +1,9 @@
 """Child process of the allocator benchmark: time allocate+release as launches and stops call them.
 
 Runs on its own database (DATABASE_URL) with a simulated fleet (PORTAL_SIMULATED_FLEET); each pair
-runs inside a caller's ``transaction.atomic()``, as ``start_session`` and the session end run it.
+runs inside a caller's ``transaction.atomic()``, as ``start_session`` and the session end run it, in a
+process that is not the host's agent (as a web process): the GPU agent, a process of its own, makes and
+destroys the MIG instances meanwhile (sessions/gpus/orders.py).
 Prints one JSON line: p50/p99 in milliseconds for our rule and first-fit, one process at a time,
 then PROCESSES processes allocating and releasing at once (throughput, p50/p99, refusals, and
 whether the fleet's bookkeeping still matches its slices afterwards).
@@ -13,10 +15,12 @@ import json
 import multiprocessing
 import os
 import random
+import subprocess
 import sys
 import threading
 import time
 import traceback
+from pathlib import Path
 from typing import Any
 
 import django
@@ -24,21 +28,16 @@ import django
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "portal.settings")
 django.setup()
 
-from sessions.gpus import agency  # noqa: E402
-
-# The benchmark stands for the simulated hosts' agent: its launches make their MIG instances at once, as before.
-agency.act_for(agency.hosts_of_this_machine())
-
 from django.contrib.auth.models import User  # noqa: E402
 from django.core.management import call_command  # noqa: E402
 from django.db import connection, connections, transaction  # noqa: E402
 from django.db.models import Count  # noqa: E402
 
 from bench.report import percentile  # noqa: E402
-from sessions.gpus import placement  # noqa: E402
+from sessions.gpus import agency, placement  # noqa: E402
 from sessions.gpus.allocator import AllocationRefused, SliceRequest, allocate, release  # noqa: E402
 from sessions.gpus.fleet import sync_fleet  # noqa: E402
-from sessions.gpus.models import Gpu, Slice  # noqa: E402
+from sessions.gpus.models import Gpu, HostOrder, Slice  # noqa: E402
 from sessions.gpus.orders import recount  # noqa: E402
 
 PROFILES = ["1g.18gb"] * 8 + ["1g.35gb", "2g.35gb"] * 4 + ["3g.71gb"] * 2 + ["4g.71gb", "7g.141gb"]
@@ -46,12 +45,29 @@ PROFILES = ["1g.18gb"] * 8 + ["1g.35gb", "2g.35gb"] * 4 + ["3g.71gb"] * 2 + ["4g
 
 def main(pairs: int, seed: int, processes: int) -> None:
     call_command("migrate", verbosity=0)
-    sync_fleet()
+    with agency.acting_for(agency.hosts_of_this_machine()):  # discovery, as the host's agent
+        sync_fleet()
+    # This process allocates as a web process does: it records each slice and the order for its MIG instance;
+    # the host's agent, a process of its own as under make run, carries the orders out meanwhile.
+    agent = subprocess.Popen(
+        [sys.executable, "manage.py", "gpu_agent", "--no-docker", "--interval-ms", "60000"],
+        cwd=Path(__file__).resolve().parents[1],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        _measure(pairs, seed, processes)
+    finally:
+        agent.terminate()
+        agent.wait(timeout=30)
+
+
+def _measure(pairs: int, seed: int, processes: int) -> None:
     # Other people hold the fill, a few slices each, as in a real fleet; the timed user holds none.
     tenants = [User.objects.create_user(f"tenant{n}") for n in range(500)]
     owner = User.objects.create_user("bench")
     rng = random.Random(seed)
-    gpus = sync_fleet()[0].gpus.count()
+    gpus = Gpu.objects.count()
     fill = []
     for number in range(2 * gpus):  # about half the fleet's compute, then some churn holes
         try:
@@ -165,7 +181,11 @@ def _race(owner_id: int, pairs: int, seed: int, start: Any, results: Any) -> Non
 
 
 def bookkeeping_matches() -> bool:
-    """Every GPU's layout and count as recomputed from its instances and slices, and no instance held twice."""
+    """Every GPU's layout and count as recomputed from its instances and slices, and no instance held twice, once
+    the agent has carried out every order."""
+    give_up = time.monotonic() + 120
+    while HostOrder.objects.filter(state=HostOrder.State.PENDING).exists() and time.monotonic() < give_up:
+        time.sleep(0.2)
     for gpu in Gpu.objects.all():
         recorded = (gpu.layout(), gpu.active_slices)
         recount(gpu)
