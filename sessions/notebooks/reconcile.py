@@ -26,7 +26,6 @@ from kombu.exceptions import OperationalError as BrokerError
 from portal.clock import database_now
 from sessions.gpus import holdings
 from sessions.gpus.allocator import ReleaseRefused, release
-from sessions.gpus.backends import BackendError
 from sessions.gpus.holders import HolderKind
 from sessions.gpus.models import GpuHost, Slice
 from sessions.notebooks.hub import Hub, HubError
@@ -100,11 +99,7 @@ def _follow(
     running: list[int] = []
     containers = runtime.session_containers()  # first: an engine that does not answer is found before any change
     for session in active.select_related("slice", "owner"):
-        try:
-            outcome = _check(session, runtime, running)
-        except BackendError as error:  # its slice could not be freed: try again next time, go on with the rest
-            log.error("session %s: could not end it: %s", session.pk, error)
-            outcome = "errors"
+        outcome = _check(session, runtime, running)
         counts[outcome] = counts.get(outcome, 0) + 1
     for container_id, session_id in containers.items():
         if not NotebookSession.objects.filter(pk=session_id, state__in=NotebookSession.ACTIVE).exists():
@@ -189,7 +184,7 @@ def _release_orphan_slices() -> int:
     for slice_id in held.exclude(holder_id__in=active).values_list("pk", flat=True):
         try:
             release(slice_id, reason="its session had ended")
-        except (BackendError, ReleaseRefused) as error:  # one slice that cannot be freed must not stop the rest
+        except ReleaseRefused as error:  # one slice that cannot be freed must not stop the rest
             log.error("slice %s: could not release it: %s", slice_id, error)
             continue
         released += 1
