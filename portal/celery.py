@@ -45,15 +45,19 @@ app.autodiscover_tasks(task_packages)
 
 # Render jobs' own queue: a chunk holds its worker thread for as long as Blender renders, so these go to a
 # worker of their own (the supervisor's `render` program), never in front of the billing tick or a launch.
+# A slice's worker and a host's recovery are sent to the host's own queue by name (sessions/render/queues.py).
 RENDER_TASKS = frozenset({"sessions.render.tasks.work_on_slice", "sessions.render.tasks.recover_render_work"})
 # The estimate's probe has a lane of its own (the supervisor's `estimate` program): an upload is estimated
 # while one person's long job holds every render thread.
 ESTIMATE_TASKS = frozenset({"sessions.render.tasks.estimate_job", "sessions.render.tasks.recover_estimates"})
 
 
-def render_queue() -> str:
-    """PORTAL_RENDER_QUEUE, else the default queue's name with ``-render`` (a test run's own, say)."""
-    return str(settings.RENDER_QUEUE or f"{settings.CELERY_TASK_DEFAULT_QUEUE}-render")
+def render_queue(host: str | None = None) -> str:
+    """PORTAL_RENDER_QUEUE, else the default queue's name with ``-render`` (a test run's own, say); a GPU host's
+    own render queue is that name with ``@<host>``: a slice's worker goes there, to the render worker of that
+    host's machine alone (``sessions.render.queues``)."""
+    name = str(settings.RENDER_QUEUE or f"{settings.CELERY_TASK_DEFAULT_QUEUE}-render")
+    return f"{name}@{host}" if host else name
 
 
 def estimate_queue() -> str:
@@ -148,11 +152,9 @@ def announce_worker(**kwargs: Any) -> None:
 
 
 @worker_ready.connect
-def recover_render_work(sender: Any = None, **kwargs: Any) -> None:
-    """The render worker, at start: chunks it was rendering when it stopped are found and put back; the
-    estimate worker: the probes it was running are started again."""
+def recover_estimates(sender: Any = None, **kwargs: Any) -> None:
+    """The estimate worker, at start: the probes it was running are started again. (The render worker takes
+    its hosts' queues at start: ``sessions.render.queues``.)"""
     queues = {queue.name for queue in getattr(getattr(sender, "task_consumer", None), "queues", ())}
-    if render_queue() in queues:
-        app.send_task("sessions.render.tasks.recover_render_work")
     if estimate_queue() in queues:
         app.send_task("sessions.render.tasks.recover_estimates")

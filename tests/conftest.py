@@ -359,5 +359,9 @@ def quiet_render_queue(settings, tmp_path: Path) -> Iterator[str]:  # type: igno
     settings.RENDER_DIR = tmp_path / "render"
     settings.RENDER_QUEUE = f"quiet-{uuid.uuid4().hex[:8]}"
     yield settings.RENDER_QUEUE
+    from sessions.gpus.models import GpuHost
+
+    hosts = list(GpuHost.objects.values_list("name", flat=True))  # each host's own render queue too
     with app.connection_for_write() as connection:
-        connection.default_channel.queue_purge(settings.RENDER_QUEUE)
+        for queue in [settings.RENDER_QUEUE, *(f"{settings.RENDER_QUEUE}@{host}" for host in hosts)]:
+            connection.default_channel.queue_purge(queue)

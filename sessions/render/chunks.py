@@ -26,7 +26,7 @@ from django.utils import timezone
 from sessions.gpus import holdings, orders
 from sessions.gpus.holders import Holder
 from sessions.gpus.models import Slice
-from sessions.render import containers, files, progress, slices, storage, thumbnails
+from sessions.render import containers, files, progress, queues, slices, storage, thumbnails
 from sessions.render.models import RenderChunk, RenderFrame, RenderJob
 from sessions.render.services import (
     RUNNING,
@@ -38,7 +38,7 @@ from sessions.render.services import (
     stop_job,
 )
 from sessions.render.thumbnails import make_thumbnail
-from sessions.runtime import blender
+from sessions.runtime import blender, engines
 from sessions.runtime.blender_log import Event
 from sessions.runtime.docker import RuntimeError_
 from sessions.runtime.render import RENDER_IMAGE, render
@@ -77,8 +77,8 @@ YIELD = "yield"  # its owner holds more than their share of the render threads w
 @dataclass(frozen=True)
 class Moved:
     """The chunk that failed on this slice goes on to another free slice, taken for the job: this worker
-    releases the slice it leaves and carries on there (no task to send: a broker that does not answer
-    cannot strand the new slice)."""
+    releases the slice it leaves and carries on there when it is on the same host (no task to send: a broker
+    that does not answer cannot strand the new slice), else sends the new slice's worker to its host's queue."""
 
     slice_id: int
 
@@ -102,6 +102,9 @@ def work_on_slice(job_id: int, slice_id: int) -> int:
             return ran
         if isinstance(claim, Moved):
             _let_go(job_id, slice_id, last_end, "render chunk retried on another slice")
+            if queues.host_of(claim.slice_id) != queues.host_of(slice_id):
+                _hand_over(job_id, claim.slice_id)  # another host's: its own render worker renders there
+                return ran
             slice_id, last_end = claim.slice_id, None
             if not _made(job_id, slice_id):
                 return ran
@@ -113,6 +116,15 @@ def work_on_slice(job_id: int, slice_id: int) -> int:
         ran += 1
     _let_go(job_id, slice_id, last_end, "render job needs it no more")
     return ran
+
+
+def _hand_over(job_id: int, slice_id: int) -> None:
+    """The slice a retry moved to is on another host: its worker goes to that host's render queue. A broker
+    that does not answer strands nothing: reconciliation sends a worker to a slice nobody works on."""
+    try:
+        queues.send_worker(job_id, slice_id)
+    except Exception as error:
+        log.error("render job %s: slice %s's worker not sent (%s); reconciliation sends it", job_id, slice_id, error)
 
 
 def _made(job_id: int, slice_id: int) -> bool:
@@ -194,7 +206,8 @@ def _run(claim: Claim) -> datetime | None:
     output = output_folder(job, chunk)
     files.make_private(output)
     bound = storage.output_bound(job.owner_id)
-    watched = containers.Watched(may_start=lambda: _may_render(job.pk, chunk.pk, taken.pk))
+    engine = engines.endpoint_of(taken.gpu.host.name)  # the slice's host's
+    watched = containers.Watched(engine, may_start=lambda: _may_render(job.pk, chunk.pk, taken.pk))
     watched.on_started = lambda at: _started(job.pk, chunk.pk, taken.pk, watched, at)
     if bound.limit > 0:
         outcome = _rendered(claim, output, watched, bound)

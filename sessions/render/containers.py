@@ -62,10 +62,11 @@ class Watched(DockerRuntime):
 
     def __init__(
         self,
+        endpoint: str = "",
         on_started: Callable[[datetime | None], None] | None = None,
         may_start: Callable[[], bool] | None = None,
     ) -> None:
-        super().__init__()
+        super().__init__(endpoint or None)  # the engine of the slice's host (``sessions.runtime.engines``)
         self.on_started = on_started
         self.may_start = may_start
         self.container_id: str | None = None

@@ -26,10 +26,11 @@ from django.utils import timezone
 from portal.celery import send
 from sessions.gpus import holdings
 from sessions.gpus.holders import HolderKind
-from sessions.gpus.models import Slice
+from sessions.gpus.models import GpuHost, Slice
 from sessions.render import containers, jobs, progress, services, slices, unpacking
 from sessions.render.models import RenderChunk, RenderFrame, RenderJob
-from sessions.runtime.docker import DockerRuntime
+from sessions.runtime import engines
+from sessions.runtime.docker import DockerRuntime, RuntimeError_
 
 log = logging.getLogger(__name__)
 # A chunk's worker removes its container, then records the chunk: a chunk seen rendering without a
@@ -56,54 +57,74 @@ def put_back(chunk_id: int, count_attempt: bool) -> bool:
     return True
 
 
-def recover_after_restart(runtime: DockerRuntime | None = None) -> dict[str, int]:
-    """The render worker has just started, so none of its workers runs: every rendering chunk was cut off, and
-    every slice a queued or rendering job holds was held by a worker that is gone. (One render worker per
-    portal: the supervisor's `render` program.) Probes run elsewhere (``restart_probes``)."""
-    runtime = runtime or DockerRuntime()
+def recover_after_restart(host: str | None = None) -> dict[str, int]:
+    """The render worker of ``host``'s machine has just started (``sessions.render.queues``), so none of its
+    workers runs: every chunk rendering on that host was cut off, and every slice there that a queued or
+    rendering job holds was held by a worker that is gone. Other hosts' chunks are their own workers' (one
+    render worker per host's machine); None: every host's (a message sent before hosts had queues of their
+    own). Probes run elsewhere (``restart_probes``)."""
     counts = {"chunks_put_back": 0, "workers_sent": 0, "slices_released": 0}
-    for chunk in RenderChunk.objects.filter(state=ChunkState.RENDERING):
+    rendering = RenderChunk.objects.filter(state=ChunkState.RENDERING).select_related("slice__gpu__host")
+    held = Slice.objects.filter(released_at__isnull=True, holder_kind=HolderKind.RENDER)
+    held = held.filter(holder_id__in=RenderJob.objects.filter(state__in=services.RUNNING).values("pk"))
+    if host is not None:
+        rendering = rendering.filter(slice__gpu__host__name=host)
+        held = held.filter(gpu__host__name=host)
+    touched: set[int] = set()
+    for chunk in rendering:
+        runtime = engines.for_slice(chunk.slice) if chunk.slice is not None else engines.at(engines.LOCAL)
         containers.stop(runtime, containers.of_chunk(runtime, chunk.pk))
         for container_id in containers.of_chunk(runtime, chunk.pk):
             runtime.remove(container_id)
         counts["chunks_put_back"] += int(put_back(chunk.pk, count_attempt=False))
-    for job_id in RenderJob.objects.filter(state__in=services.RUNNING).values_list("pk", flat=True):
-        for taken in services.held_by(job_id):
-            holdings.end(taken.pk, None, "its render worker stopped")  # at its last proof of life
-            counts["slices_released"] += 1
+        touched.add(chunk.job_id)
+    for taken in held.order_by("pk"):
+        holdings.end(taken.pk, None, "its render worker stopped")  # at its last proof of life
+        counts["slices_released"] += 1
+        touched.add(int(taken.holder_id or 0))
+    for job_id in sorted(touched):
         counts["workers_sent"] += slices.dispatch(job_id)
     return counts
 
 
-def restart_probes(runtime: DockerRuntime | None = None) -> dict[str, int]:
+def restart_probes() -> dict[str, int]:
     """The estimate worker has just started, so no probe runs: each job left estimating has what its probe
     left stopped and released, and its probe sent again. (One estimate worker per portal: the supervisor's
     `estimate` program.)"""
-    runtime = runtime or DockerRuntime()
     jobs = list(RenderJob.objects.filter(state=RenderJob.State.ESTIMATING).values_list("pk", flat=True))
     for job_id in jobs:
-        _restart_probe(runtime, job_id)
+        _restart_probe(job_id)
     return {"probes_restarted": len(jobs)}
 
 
-def _restart_probe(runtime: DockerRuntime, job_id: int) -> None:
-    found = containers.of_job(runtime, job_id)
-    containers.stop(runtime, found)
-    for container_id in found:
-        runtime.remove(container_id)
-    for taken in services.held_by(job_id):
+def _restart_probe(job_id: int) -> None:
+    held = services.held_by(job_id)
+    for runtime in _engines_of(held):
+        found = containers.of_job(runtime, job_id)
+        containers.stop(runtime, found)
+        for container_id in found:
+            runtime.remove(container_id)
+    for taken in held:
         holdings.end(taken.pk, None, "render probe cut off")  # at its last proof of life, not the stop
     services.send_estimate(job_id)
 
 
-def reconcile(runtime: DockerRuntime | None = None) -> dict[str, int]:
-    runtime = runtime or DockerRuntime()
+def _engines_of(held: list[Slice]) -> list[DockerRuntime]:
+    """The engines of the slices' hosts, and this machine's (``sessions.runtime.engines``)."""
+    endpoints = {engines.LOCAL, *(engines.endpoint_of(taken.gpu.host.name) for taken in held)}
+    return [engines.at(endpoint) for endpoint in sorted(endpoints)]
+
+
+def reconcile() -> dict[str, int]:
+    """Every half minute, on the default queue: each container is looked for on its slice's host's engine, and
+    an engine that does not answer leaves its hosts' chunks and containers as they are (nothing is put back
+    or removed on a word nobody said)."""
     counts = {"slices_released": 0, "containers_removed": 0, "chunks_put_back": 0, "workers_sent": 0}
     counts["estimates_sent"] = _send_lost_estimates()
     counts["unpacking_sent"] = _send_lost_unpacking()
-    counts["slices_released"] = _release_leftover_slices(runtime)
-    counts["containers_removed"] = _remove_leftover_containers(runtime)
-    counts["chunks_put_back"] = _put_back_lost_chunks(runtime)
+    counts["slices_released"] = _release_leftover_slices()
+    counts["containers_removed"] = _remove_leftover_containers()
+    counts["chunks_put_back"] = _put_back_lost_chunks()
     waiting = RenderJob.objects.filter(state__in=services.RUNNING, chunks__state=ChunkState.PENDING).distinct()
     for job_id in waiting.values_list("pk", flat=True):
         if _wants_workers(job_id):
@@ -171,44 +192,56 @@ def _send_lost_unpacking() -> int:
     return sent
 
 
-def _release_leftover_slices(runtime: DockerRuntime) -> int:
+def _release_leftover_slices() -> int:
     """Slices held for jobs that ended or no longer exist (their worker crashed before it released them)."""
-    held = Slice.objects.filter(released_at__isnull=True, holder_kind=HolderKind.RENDER)
+    held = Slice.objects.filter(released_at__isnull=True, holder_kind=HolderKind.RENDER).select_related("gpu__host")
     live = RenderJob.objects.exclude(state__in=RenderJob.ENDED).values("pk")
     released = 0
     for taken in held.exclude(holder_id__in=live):
         assert taken.holder_id is not None
-        found = containers.of_job(runtime, taken.holder_id)
-        ended = containers.stop(runtime, found)
         try:
+            runtime = engines.for_slice(taken)
+            ended = containers.stop(runtime, containers.of_job(runtime, taken.holder_id))
             holdings.end(taken.pk, ended, "its render job had ended")
-        except Exception as error:  # one slice that cannot be freed must not stop the rest
+        except Exception as error:  # one slice that cannot be freed (its engine away) must not stop the rest
             log.error("slice %s: could not release it: %s", taken.pk, error)
             continue
         released += 1
     return released
 
 
-def _remove_leftover_containers(runtime: DockerRuntime) -> int:
-    """Containers of render jobs that ended, once their worker had time to remove them itself."""
+def _remove_leftover_containers() -> int:
+    """Containers of render jobs that ended, once their worker had time to remove them itself: on each
+    engine, one that does not answer left for the next run."""
     removed = 0
     ended = RenderJob.objects.filter(state__in=RenderJob.ENDED, finished_at__lt=timezone.now() - GRACE)
-    for container_id in runtime.containers_for(containers.JOB_LABEL):
-        job_id = containers.job_of(runtime, container_id)
-        if job_id is not None and ended.filter(pk=job_id).exists():
-            runtime.remove(container_id)
-            removed += 1
+    for endpoint, hosts in engines.by_engine(GpuHost.objects.values_list("name", flat=True)).items():
+        try:
+            runtime = engines.at(endpoint)
+            for container_id in runtime.containers_for(containers.JOB_LABEL):
+                job_id = containers.job_of(runtime, container_id)
+                if job_id is not None and ended.filter(pk=job_id).exists():
+                    runtime.remove(container_id)
+                    removed += 1
+        except (RuntimeError_, OSError) as error:
+            log.error("the Docker engine of %s cannot be reached: %s", ", ".join(hosts) or "this machine", error)
     return removed
 
 
-def _put_back_lost_chunks(runtime: DockerRuntime) -> int:
+def _put_back_lost_chunks() -> int:
     """Rendering chunks long after they began whose container is gone, or ended a while ago: their worker
-    died (a live one removes its container and records the chunk within moments of its end)."""
+    died (a live one removes its container and records the chunk within moments of its end). A chunk whose
+    host's engine does not answer is left as it is: nobody said its container was gone."""
     lost = 0
     since = timezone.now() - GRACE
     stale = RenderChunk.objects.filter(state=ChunkState.RENDERING, started_at__lt=since)
-    for chunk in stale.exclude(job__state__in=RenderJob.ENDED).select_related("job"):
-        found = containers.of_chunk(runtime, chunk.pk)
+    for chunk in stale.exclude(job__state__in=RenderJob.ENDED).select_related("job", "slice__gpu__host"):
+        runtime = engines.for_slice(chunk.slice) if chunk.slice is not None else engines.at(engines.LOCAL)
+        try:
+            found = containers.of_chunk(runtime, chunk.pk)
+        except (RuntimeError_, OSError) as error:
+            log.error("render chunk %s: its host's Docker engine cannot be reached: %s", chunk.pk, error)
+            continue
         states = [containers.inspect(runtime, container_id) for container_id in found]
         if any(state is not None and (state.running or (state.finished_at or since) > since) for state in states):
             continue

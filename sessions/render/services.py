@@ -45,7 +45,6 @@ ChunkState = RenderChunk.State
 FrameState = RenderFrame.State
 ESTIMATE_JOB = "sessions.render.tasks.estimate_job"
 DISPATCH_JOB = "sessions.render.tasks.dispatch_job"
-WORK_ON_SLICE = "sessions.render.tasks.work_on_slice"
 RUNNING = RenderJob.RUNNING
 ESTIMATE_FILE = "estimate.json"
 FORMATS_KEY = "render:formats"  # what the last probe's Blender said it writes; the upload form offers those
@@ -199,7 +198,7 @@ def estimate(job_id: int) -> RenderJob:
     except orders.OrderFailed as failed:
         holdings.end(taken.pk, None, "its GPU instance was not made")
         raise ProbeWaits(failed.reason) from None
-    watched = containers.Watched()
+    watched = containers.Watched(engines.endpoint_of(taken.gpu.host.name))  # the engine of the slice's host
     watched.on_started = lambda at: _probe_started(job_id, taken.pk, watched, at)
     found: Probe | Exception | None = None
     try:

@@ -1,7 +1,8 @@
 """A render job's slices: how many it is given (``dispatch``: up to ``max_slices`` while chunks wait, within its
 owner's share of the render worker's threads), a further one for a chunk to retry on, and giving one back (a
 spot reclaim). Each slice gets a worker (``sessions.render.chunks``) that renders the job's waiting chunks on it
-one after another, then releases it. Tasks call these; these enqueue the slices' workers by name.
+one after another, then releases it; the worker is sent to the render queue of the slice's host
+(``sessions.render.queues``). Tasks call these; these enqueue the slices' workers by name.
 """
 
 from __future__ import annotations
@@ -11,14 +12,13 @@ import logging
 from django.conf import settings
 from django.db import transaction
 
-from portal.celery import send
 from sessions.gpus import holdings
 from sessions.gpus.allocator import AllocationRefused, allocate
 from sessions.gpus.holders import Holder, HolderKind
 from sessions.gpus.models import Slice
-from sessions.render import containers, progress
+from sessions.render import containers, progress, queues
 from sessions.render.models import RenderChunk, RenderFrame, RenderJob
-from sessions.render.services import RUNNING, WORK_ON_SLICE, held_by, locked
+from sessions.render.services import RUNNING, held_by, locked
 from sessions.runtime import engines
 
 log = logging.getLogger(__name__)
@@ -48,7 +48,7 @@ def dispatch(job_id: int) -> int:
                 log.info("render job %s waits for a slice: %s", job_id, refused.reason)
                 break
     for taken in idle:
-        send(WORK_ON_SLICE, job_id, taken.pk)
+        queues.send_worker(job_id, taken.pk)  # to the render queue of the slice's host
     return len(idle)
 
 

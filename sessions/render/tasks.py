@@ -58,8 +58,9 @@ def work_on_slice(job_id: int, slice_id: int) -> int:
 
 
 @shared_task
-def recover_render_work() -> dict[str, int]:
-    return recovery.recover_after_restart()
+def recover_render_work(host: str | None = None) -> dict[str, int]:
+    """Sent to a host's render queue by its render worker as it starts (``portal.celery``)."""
+    return recovery.recover_after_restart(host)
 
 
 @shared_task

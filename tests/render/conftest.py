@@ -128,3 +128,14 @@ def staff_client(staff: User) -> Client:
     client = Client()
     client.force_login(staff)
     return client
+
+
+def waiting_on(queue: str) -> list[list[int]]:
+    """The arguments of the tasks waiting on a broker queue (taken off it)."""
+    from portal.celery import app
+
+    found = []
+    with app.connection_for_write() as connection:
+        while (message := connection.default_channel.basic_get(queue, no_ack=True)) is not None:
+            found.append(list(message.decode()[0]))
+    return found

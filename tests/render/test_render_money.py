@@ -23,10 +23,11 @@ from sessions.gpus.allocator import allocate
 from sessions.gpus.backends import get_backend
 from sessions.gpus.holders import Holder
 from sessions.gpus.models import Slice
-from sessions.render import chunks, recovery, services, slices
+from sessions.render import chunks, queues, recovery, services, slices
 from sessions.render.models import RenderChunk, RenderJob
 from tests.factories import one_frame_a_chunk
 from tests.gpus.conftest import use_fleet
+from tests.render.conftest import waiting_on
 
 WHOLE = {"gpu_kind": "whole", "gpu_profile": "", "gpu_model": "A100-SXM4-80GB"}
 
@@ -146,3 +147,44 @@ def test_a_long_job_yields_a_render_thread_to_another_person_s_job_between_its_c
     assert len(services.held_by(waiting.pk)) == 1  # given the thread that was let go
     claimed = chunks._claim(long.pk, second.pk)
     assert isinstance(claimed, chunks.Claim)  # its share: one slice, which renders on
+
+
+@pytest.mark.django_db
+def test_each_slice_s_worker_goes_to_the_render_queue_of_the_slice_s_host(
+    quiet_render_queue: str, alice: User, settings
+) -> None:  # type: ignore[no-untyped-def]
+    """Issue 31: a slice's chunks render on the machine that holds it, so its worker goes to that host's own
+    render queue (``<render queue>@<host>``), which only that machine's render worker reads."""
+    use_fleet(settings, "r: 1xA100-80GB:whole; s: 1xA100-80GB:whole")
+    job = queued_job(alice, chunks=2, max_slices=2)
+    assert slices.dispatch(job.pk) == 2
+    on = {taken.gpu.host.name: taken.pk for taken in services.held_by(job.pk)}
+    assert sorted(on) == ["r", "s"]
+    assert waiting_on(quiet_render_queue) == []  # nothing on the queue every host's worker reads
+    assert waiting_on(f"{quiet_render_queue}@r") == [[job.pk, on["r"]]]
+    assert waiting_on(f"{quiet_render_queue}@s") == [[job.pk, on["s"]]]
+    assert {"r", "s"} <= set(queues.hosts_here())  # simulated GPUs: this machine stands in for every host
+
+
+@pytest.mark.django_db
+def test_a_render_worker_s_restart_puts_back_only_its_own_host_s_chunks(
+    quiet_render_queue: str, alice: User, settings
+) -> None:  # type: ignore[no-untyped-def]
+    """The render worker of host r restarts: r's chunk was cut off and its slice is released; the chunk that
+    renders on s, under s's own worker, goes on."""
+    use_fleet(settings, "r: 1xA100-80GB:whole; s: 1xA100-80GB:whole")
+    job = queued_job(alice, chunks=3, max_slices=2)
+    RenderJob.objects.filter(pk=job.pk).update(state=RenderJob.State.RENDERING)
+    held = {}
+    for index in (0, 1):
+        taken = allocate(alice, job.request, holder=Holder.render(job.pk))
+        held[taken.gpu.host.name] = taken
+        RenderChunk.objects.filter(job=job, index=index).update(
+            state=RenderChunk.State.RENDERING, slice=taken, attempts=1
+        )
+    counts = recovery.recover_after_restart("r")
+    assert (counts["chunks_put_back"], counts["slices_released"]) == (1, 1)
+    assert Slice.objects.get(pk=held["r"].pk).released_at is not None
+    assert Slice.objects.get(pk=held["s"].pk).released_at is None
+    assert RenderChunk.objects.get(job=job, slice=held["s"]).state == RenderChunk.State.RENDERING
+    assert RenderChunk.objects.filter(job=job, state=RenderChunk.State.PENDING).count() == 2

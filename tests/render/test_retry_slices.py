@@ -22,6 +22,7 @@ from sessions.gpus.models import Slice
 from sessions.render import chunks, recovery
 from sessions.render.models import RenderChunk, RenderFrame, RenderJob
 from tests.gpus.conftest import use_fleet
+from tests.render.conftest import waiting_on
 
 pytestmark = pytest.mark.django_db
 WHOLE = {"gpu_kind": "whole", "gpu_profile": "", "gpu_model": "A100-SXM4-80GB"}
@@ -132,3 +133,21 @@ def test_with_another_of_its_slices_held_the_retry_is_left_to_that_one(two_gpus:
 
     assert isinstance(claimed, chunks.Claim) and claimed.taken.pk == second.pk
     assert held_by_job(job) == [held, second], "no third slice taken"
+
+
+def test_a_retry_moved_to_another_host_s_slice_is_handed_to_that_host_s_render_queue(
+    alice: User, quiet_render_queue: str, settings, render_dir: Path
+) -> None:  # type: ignore[no-untyped-def]
+    """Issue 31: the free slice a retry takes is on another host: this machine's worker lets its own slice go
+    and sends the new slice's worker to that host's render queue, where that host's render worker takes it."""
+    use_fleet(settings, "r: 1xA100-80GB:whole; s: 1xA100-80GB:whole")
+    job, held = rendering_job(alice)
+    failed_once_on(job, held)
+
+    assert chunks.work_on_slice(job.pk, held.pk) == 0
+
+    moved = held_by_job(job)
+    assert [taken.gpu.host.name for taken in moved] == ["s" if held.gpu.host.name == "r" else "r"]
+    assert Slice.objects.get(pk=held.pk).released_at is not None
+    assert waiting_on(f"{quiet_render_queue}@{moved[0].gpu.host.name}") == [[job.pk, moved[0].pk]]
+    assert RenderChunk.objects.get(job=job).state == RenderChunk.State.PENDING, "it waits for that worker"

@@ -1,0 +1,73 @@
+"""Each GPU host's render queue (issue 31): a slice's worker goes to ``<render queue>@<host>``, which only the
+render worker of that host's machine reads, so a chunk renders on the machine that holds its slice and a
+worker's recovery after a restart touches only its own hosts' chunks. The render worker takes its hosts' queues
+as it starts (``portal.celery``), and, with simulated GPUs, those of hosts the portal learns of later.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any
+
+from celery.signals import worker_ready
+from django.db import close_old_connections
+
+from portal.celery import app, render_queue, send
+from sessions.gpus import agency
+from sessions.gpus.backends import get_backend
+from sessions.gpus.models import GpuHost, Slice
+
+log = logging.getLogger(__name__)
+WORK_ON_SLICE = "sessions.render.tasks.work_on_slice"
+RECOVER = "sessions.render.tasks.recover_render_work"
+TAKE_EVERY_S = 2.0  # how soon a render worker takes the queue of a host that appeared after its start
+
+
+def hosts_here() -> list[str]:
+    """The hosts whose render queue this machine's render worker reads: its GPU agent's hosts; with simulated
+    GPUs every simulated host the portal knows, since this one machine stands in for them all."""
+    hosts = set(agency.hosts_of_this_machine())
+    if get_backend().name != "nvml":
+        hosts |= set(GpuHost.objects.filter(backend=GpuHost.Backend.SIMULATED).values_list("name", flat=True))
+    return sorted(hosts)
+
+
+def host_of(slice_id: int) -> str:
+    return str(Slice.objects.filter(pk=slice_id).values_list("gpu__host__name", flat=True).get())
+
+
+def send_worker(job_id: int, slice_id: int) -> None:
+    """Send the slice's worker to the render queue of the slice's host (raising if the broker does not answer;
+    reconciliation sends one again to a slice nobody works on)."""
+    send(WORK_ON_SLICE, job_id, slice_id, queue=render_queue(host_of(slice_id)))
+
+
+@worker_ready.connect
+def take_host_queues(sender: Any = None, **kwargs: Any) -> None:
+    """The render worker (the one that reads the render queue), at start: a thread of its own takes the render
+    queue of each host of this machine, each after sending that host's recovery (the chunks it was rendering
+    there when it stopped are put back), then (with simulated GPUs) those of hosts the portal learns of later."""
+    queues = {queue.name for queue in getattr(getattr(sender, "task_consumer", None), "queues", ())}
+    if render_queue() in queues:
+        threading.Thread(target=_take, args=(sender.hostname,), name="render-hosts", daemon=True).start()
+
+
+def _take(worker: str) -> None:
+    recovered: set[str] = set()  # once per host and start: a second would put back chunks rendering by now
+    taken: set[str] = set()
+    while True:
+        try:
+            for host in sorted(set(hosts_here()) - taken):
+                if host not in recovered:
+                    app.send_task(RECOVER, args=[host], queue=render_queue(host))
+                    recovered.add(host)
+                if app.control.add_consumer(render_queue(host), destination=[worker], reply=True, timeout=5):
+                    taken.add(host)
+                    log.info("render worker %s takes the render queue of host %s", worker, host)
+        except Exception:  # the database or the broker away for a moment: the next round tries again
+            log.exception("render worker %s: the hosts' render queues were not all taken", worker)
+        finally:
+            close_old_connections()
+        time.sleep(TAKE_EVERY_S)
