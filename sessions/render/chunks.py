@@ -26,7 +26,7 @@ from django.utils import timezone
 from sessions.gpus import holdings, orders
 from sessions.gpus.holders import Holder
 from sessions.gpus.models import Slice
-from sessions.render import containers, files, progress, queues, slices, storage, thumbnails
+from sessions.render import containers, files, filestore, progress, queues, slices, storage, thumbnails
 from sessions.render.models import RenderChunk, RenderFrame, RenderJob
 from sessions.render.services import (
     RUNNING,
@@ -34,7 +34,6 @@ from sessions.render.services import (
     held_by,
     locked,
     render_settings,
-    scene_of,
     stop_job,
 )
 from sessions.render.thumbnails import make_thumbnail
@@ -49,7 +48,7 @@ log = logging.getLogger(__name__)
 State = RenderJob.State
 ChunkState = RenderChunk.State
 FrameState = RenderFrame.State
-THUMBNAILS, FRAMES = "thumbnails", "frames"
+THUMBNAILS = "thumbnails"
 
 
 @dataclass(frozen=True)
@@ -194,8 +193,9 @@ def _failed_here(chunk: RenderChunk, slice_id: int) -> bool:
 
 
 def output_folder(job: RenderJob, chunk: RenderChunk) -> Path:
-    """One run's own output folder (mounted at /out): the watchdog counts only what this run wrote."""
-    return job.folder_path() / FRAMES / f"chunk{chunk.index}-{chunk.attempts}"
+    """One run's own output folder (mounted at /out), as the file store gives it: the watchdog counts only what
+    this run wrote."""
+    return filestore.store().output_for(job, f"chunk{chunk.index}-{chunk.attempts}")
 
 
 def _run(claim: Claim) -> datetime | None:
@@ -234,7 +234,7 @@ def _rendered(claim: Claim, output: Path, watched: containers.Watched, bound: st
         result = render(
             watched,
             spec_for(taken, RENDER_IMAGE, labels=containers.labels(job.pk, chunk.pk)),
-            scene_of(job),
+            filestore.store().fetch_scene(job),  # checked against what unpacking recorded
             output,
             tuple(chunk.frames),
             how,
@@ -251,6 +251,8 @@ def _rendered(claim: Claim, output: Path, watched: containers.Watched, bound: st
         if result.exit.output_exceeded:
             why = bound.exceeded() if bound.by_quota else _too_much_output(bound.limit)
             outcome = Outcome(why, outcome.excerpt, outcome.live, final=True)
+    except filestore.SceneChanged as changed:  # it would be so on every slice: the job fails at once
+        outcome = Outcome(str(changed), "", run.live(), final=True)
     except (RuntimeError_, FileNotFoundError, ValueError) as error:
         outcome = Outcome(str(error), "", run.live())
     return outcome
@@ -349,10 +351,11 @@ def _frame_saved(written: Written, name: str, number: int | None = None) -> None
         if job.output_format == RenderJob.OutputFormat.PNG:  # another format's comes from Blender's own PNG
             folder = job.folder_path() / THUMBNAILS
             thumbnail = make_thumbnail(opened, folder, settings.RENDER_THUMBNAIL_PIXELS, name, written.most_pixels)
+        stored = filestore.store().put_frame(job, written.folder, name, opened)  # given back, with its checksum
     frame.state, frame.finished_at = FrameState.DONE, timezone.now()
-    frame.output_path = (written.folder / name).relative_to(job.folder_path()).as_posix()
+    frame.output_path, frame.sha256 = stored.path, stored.sha256
     frame.thumbnail_path = str(PurePosixPath(THUMBNAILS, thumbnail.name)) if thumbnail else ""
-    frame.save(update_fields=["state", "finished_at", "output_path", "thumbnail_path"])
+    frame.save(update_fields=["state", "finished_at", "output_path", "sha256", "thumbnail_path"])
 
 
 def _thumbnail_from_preview(written: Written, number: int) -> None:

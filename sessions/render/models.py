@@ -73,6 +73,13 @@ class RenderJob(models.Model):
     )
     upload_bytes = models.PositiveBigIntegerField(default=0)
     scene_bytes = models.PositiveBigIntegerField(default=0, help_text="What the scene holds on disk, unpacked.")
+    scene_sha256 = models.CharField(
+        max_length=64,
+        blank=True,
+        db_default="",
+        help_text="Of the unpacked scene's files (their paths, sizes and contents), as unpacking recorded it; "
+        "every render worker checks what it is given against it (sessions/render/filestore.py).",
+    )
     blender_version = models.CharField(max_length=10, blank=True, help_text="The version that saved the main file.")
     frame_spec = models.CharField(max_length=500, help_text="The frames as typed: 1-30, 45, 50-60x2.")
     frames = models.JSONField(default=list, help_text="The frames that spec names, ascending.")
@@ -257,6 +264,9 @@ class RenderFrame(models.Model):
     state = models.CharField(max_length=12, choices=State.choices, default=State.PENDING)
     output_path = models.CharField(max_length=1024, blank=True, help_text="Relative to the job's folder.")
     thumbnail_path = models.CharField(max_length=1024, blank=True, help_text="Relative to the job's folder.")
+    sha256 = models.CharField(
+        max_length=64, blank=True, db_default="", help_text="Of the frame's file, as the render worker stored it."
+    )
     finished_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:

@@ -31,12 +31,12 @@ from sessions.gpus import catalog, holdings, orders, pricing, workloads
 from sessions.gpus.allocator import AllocationRefused, SliceRequest, allocate
 from sessions.gpus.holders import Holder
 from sessions.gpus.models import Slice
-from sessions.render import containers, estimates, files, jobs, progress
+from sessions.render import containers, estimates, files, filestore, jobs, progress
 from sessions.render.models import RenderChunk, RenderFrame, RenderJob
 from sessions.runtime import blender, engines
 from sessions.runtime.blender import RenderSettings
 from sessions.runtime.docker import RuntimeError_
-from sessions.runtime.render import RENDER_IMAGE, Probe, Scene, SceneTooLarge, SceneUnreadable, probe
+from sessions.runtime.render import RENDER_IMAGE, Probe, SceneTooLarge, SceneUnreadable, probe
 from sessions.runtime.slices import spec_for
 
 log = logging.getLogger(__name__)
@@ -103,10 +103,6 @@ def render_settings(job: RenderJob, taken: Slice) -> RenderSettings:
         preview_pixels=0 if readable else min(settings.RENDER_THUMBNAIL_PIXELS, PREVIEW_MOST_PIXELS),
         max_side=settings.RENDER_MAX_RESOLUTION,
     )
-
-
-def scene_of(job: RenderJob) -> Scene:
-    return Scene(job.scene_path(), job.main_file, shown_as=job.scene_name)
 
 
 def writable_formats() -> tuple[str, ...] | None:
@@ -216,7 +212,7 @@ def _probe(job: RenderJob, taken: Slice, watched: containers.Watched) -> Probe |
         return probe(
             watched,
             spec_for(taken, RENDER_IMAGE, labels=containers.labels(job.pk)),
-            scene_of(job),
+            filestore.store().fetch_scene(job),  # checked against what unpacking recorded
             output,
             render_settings(job, taken),
             frames=frames,

@@ -19,7 +19,7 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from sessions.render import files, jobs, progress, scenefile, services, storage
+from sessions.render import files, filestore, jobs, progress, scenefile, services, storage
 from sessions.render.models import RenderJob
 from sessions.render.scenefile import SceneRefused
 
@@ -106,6 +106,8 @@ def _unpacked(job: RenderJob, run: Unpacking) -> None:
         job.scene_bytes, job.blend_files = scene.unpacked_bytes, list(scene.blend_files)
     elif not job.blend_files:
         job.scene_bytes = job.upload_bytes
+    run.begin("Recording the scene's checksum", job.scene_bytes)
+    job.scene_sha256 = filestore.store().record_scene(job, run.told)  # what every render worker checks
     main = job.main_file or (job.blend_files[0] if len(job.blend_files) == 1 else "")
     if not main:
         job.move(State.UPLOADED)
@@ -121,7 +123,7 @@ def _finished(unpacked: RenderJob) -> RenderJob:
         if job.state != State.UNPACKING:  # cancelled meanwhile: its files go (again, if the cancel removed them)
             transaction.on_commit(lambda: jobs.remove_files(job), robust=True)
             return job
-        fields = ["scene_bytes", "blend_files", "main_file", "blender_version"]
+        fields = ["scene_bytes", "scene_sha256", "blend_files", "main_file", "blender_version"]
         for name in fields:
             setattr(job, name, getattr(unpacked, name))
         job.save(update_fields=[*job.move(State(unpacked.state)), *fields])

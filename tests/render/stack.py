@@ -31,7 +31,7 @@ from sessions.gpus.allocator import SliceRequest, allocate
 from sessions.gpus.backends import get_backend
 from sessions.gpus.holders import Holder, HolderKind
 from sessions.gpus.models import Slice
-from sessions.render import services
+from sessions.render import filestore, services
 from sessions.render.models import RenderChunk, RenderFrame, RenderJob
 from sessions.runtime.render import RENDER_IMAGE
 from sessions.runtime.scene_facts import SceneFacts
@@ -281,6 +281,7 @@ def make_job(owner: User, scene: Path, frames: list[int], state: str, **fields: 
     )
     job.scene_path().mkdir(parents=True)
     shutil.copy(scene, job.scene_path() / "scene.blend")
+    job.scene_sha256 = filestore.scene_checksum(job.scene_path())[0]  # as unpacking records it
     job.save(force_insert=True)
     return job
 

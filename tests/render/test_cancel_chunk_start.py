@@ -16,7 +16,7 @@ from django.contrib.auth.models import User
 from django.db import connection, transaction
 
 from sessions.gpus.models import Slice
-from sessions.render import chunks, services
+from sessions.render import chunks, filestore, services
 from sessions.render.models import RenderChunk, RenderFrame, RenderJob
 from tests.helpers.docker_gate import Hold, docker_gate
 from tests.render.sandbox_acts import alongside
@@ -43,7 +43,7 @@ def assert_cancel_was_final(job: RenderJob, held: Slice) -> None:
     assert state_of(job) == State.CANCELLED
     assert containers_of(job) == [], "a container of the job is left"
     assert not RenderFrame.objects.filter(job=job, state=RenderFrame.State.DONE).exists(), "a frame was rendered"
-    rendered = sorted(path.name for path in (job.folder_path() / chunks.FRAMES).rglob("frame_*"))
+    rendered = sorted(path.name for path in (job.folder_path() / filestore.FRAMES).rglob("frame_*"))
     assert rendered == [], f"frames written after the cancel: {rendered}"
     assert RenderChunk.objects.get(job=job).state == RenderChunk.State.CANCELLED
     for taken in slices_of(job):

@@ -13,7 +13,7 @@ import pytest
 from django.contrib.auth.models import User
 from pytest_django.fixtures import Settings
 
-from sessions.render import chunks
+from sessions.render import chunks, filestore
 from sessions.render.models import RenderChunk, RenderFrame, RenderJob
 from tests.render.sandbox_acts import alongside, exec_in, kill, running_container, write_in
 from tests.render.stack import (  # noqa: F401 (fixtures)
@@ -59,10 +59,10 @@ def test_a_failed_attempts_folder_keeps_only_the_frames_it_finished_once_the_chu
 
     assert state_of(job) == State.DONE, RenderJob.objects.get(pk=job.pk).failure_message
     assert RenderChunk.objects.get(job=job).attempts == 3
-    frames = job.folder_path() / chunks.FRAMES
+    frames = job.folder_path() / filestore.FRAMES
     assert not (frames / "chunk0-1").exists(), "the first attempt finished nothing: its folder went"
     for attempt in ("chunk0-2", "chunk0-3"):
         kept = {path.relative_to(job.folder_path()).as_posix() for path in (frames / attempt).iterdir()}
-        finished = RenderFrame.objects.filter(job=job, output_path__startswith=f"{chunks.FRAMES}/{attempt}/")
+        finished = RenderFrame.objects.filter(job=job, output_path__startswith=f"{filestore.FRAMES}/{attempt}/")
         assert kept == set(finished.values_list("output_path", flat=True)), f"{attempt} holds {sorted(kept)}"
     assert RenderFrame.objects.filter(job=job, output_path__contains="chunk0-2/").exists()

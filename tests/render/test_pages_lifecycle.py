@@ -6,6 +6,7 @@ own words."""
 
 from __future__ import annotations
 
+import hashlib
 import io
 import re
 import zipfile
@@ -134,6 +135,7 @@ def test_an_upload_is_estimated_confirmed_rendered_and_its_frames_downloaded_by_
             stored = RenderFrame.objects.get(job=job, number=number)
             on_disk = (job.folder_path() / stored.output_path).read_bytes()
             assert opened.read(name) == on_disk and on_disk.startswith(PNG_SIGNATURE)
+            assert stored.sha256 == hashlib.sha256(on_disk).hexdigest(), "the store recorded what it was given"
 
     wait_for(lambda: all(taken.released_at for taken in slices_of(job)), 30, "its slices released")
     before = traces(render_stack, docker=True)

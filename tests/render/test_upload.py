@@ -15,7 +15,7 @@ from django.test import Client
 from django.urls import reverse
 from django.utils import timezone
 
-from sessions.render import services, uploads
+from sessions.render import filestore, services, uploads
 from sessions.render.models import RenderJob, RenderUpload
 from sessions.render.scenefile import size_words
 from sessions.render.uploads import owner_folder
@@ -86,6 +86,7 @@ def test_a_zip_is_unpacked_by_its_task_beside_its_assets_and_the_archive_removed
     assert (job.state, job.main_file) == ("estimating", "shot/main.blend")
     assert (job.scene_path() / "shot/tex/wood.png").read_bytes() == scenes.PNG
     assert not (job.folder_path() / "upload.zip").exists()
+    assert job.scene_sha256 == filestore.scene_checksum(job.scene_path())[0], "what every render worker checks"
 
 
 def test_the_job_page_shows_how_far_its_unpacking_has_got(post_scene: PostScene, alice_client: Client) -> None:
