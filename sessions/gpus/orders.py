@@ -34,7 +34,7 @@ from collections.abc import Callable, Iterable, Sequence
 import psycopg
 from django.conf import settings
 from django.db import close_old_connections, connection, connections, transaction
-from django.db.models import Exists, OuterRef
+from django.db.models import Exists, OuterRef, QuerySet
 from django.utils import timezone
 
 from portal.clock import database_now
@@ -90,14 +90,22 @@ def apply_layout(gpu: Gpu, layout: Sequence[tuple[str, int]]) -> HostOrder:
     return order
 
 
+def _first_of_its_gpu() -> QuerySet[HostOrder]:
+    """Pending orders with no earlier pending order of their GPU: one GPU's orders run in the order decided."""
+    earlier = HostOrder.objects.filter(gpu_id=OuterRef("gpu_id"), state=OrderState.PENDING, pk__lt=OuterRef("pk"))
+    return HostOrder.objects.filter(state=OrderState.PENDING).exclude(Exists(earlier))
+
+
 def carry_out(order_id: int) -> bool:
     """Carry out one pending order as its host's agent (in the caller's transaction, or one of its own);
-    False if it was not pending (done already, or another agent holds it)."""
+    False if it was not pending (done already, or another agent holds it) or an earlier order of its GPU
+    still waits (the agent's executor carries them out in turn)."""
     with transaction.atomic():
         order = (
-            HostOrder.objects.select_for_update(skip_locked=True, of=("self",), no_key=True)
+            _first_of_its_gpu()
+            .select_for_update(skip_locked=True, of=("self",), no_key=True)
             .select_related("gpu", "host")
-            .filter(pk=order_id, state=OrderState.PENDING)
+            .filter(pk=order_id)
             .first()
         )
         if order is None:
@@ -110,8 +118,7 @@ def carry_out_next(hosts: Iterable[str] | None = None) -> bool:
     """As the agent of ``hosts`` (None: every host this process acts for), carry out the oldest order it may
     take: the oldest pending one of its GPU, not held by another agent. False when there is none."""
     names = agency.hosts() if hosts is None else list(hosts)
-    earlier = HostOrder.objects.filter(gpu_id=OuterRef("gpu_id"), state=OrderState.PENDING, pk__lt=OuterRef("pk"))
-    pending = HostOrder.objects.filter(state=OrderState.PENDING).exclude(Exists(earlier))
+    pending = _first_of_its_gpu()
     if agency.EVERY_HOST not in names:
         pending = pending.filter(host__name__in=names)
     with transaction.atomic():

@@ -106,6 +106,23 @@ def test_the_agent_makes_and_destroys_what_launches_and_releases_order(
     assert not GpuInstance.objects.filter(gpu=gpu).exists()
 
 
+def test_an_order_recorded_in_the_agents_own_process_waits_for_the_earlier_orders_of_its_gpu(
+    gpu: Gpu, not_the_agent: None
+) -> None:
+    """One GPU's orders run in the order they were decided, also when the later one is recorded in the agent's
+    own process (carried out at once there, unless an earlier order of its GPU still waits)."""
+    owner = User.objects.create_user("both")
+    first = launched(owner, "3g.71gb")  # recorded by a web process: it waits for the agent
+    with agency.acting_for(["ord"]):  # this process's executor is now the agent of "ord"
+        second = launched(owner, "1g.18gb")
+        orders.wait_for_slice(second.pk, deadline_s=20)
+        orders.wait_for_slice(first.pk, deadline_s=20)
+    done = dict(HostOrder.objects.filter(action="create").values_list("slice_id", "done_at"))
+    assert done[first.pk] is not None and done[second.pk] is not None
+    assert done[first.pk] <= done[second.pk], "the earlier order first"
+    assert sorted(on_device(gpu)) == sorted([("3g.71gb", first.placement_start), ("1g.18gb", second.placement_start)])
+
+
 def test_a_launch_on_a_host_whose_agent_stopped_fails_within_the_deadline_with_the_reason(
     gpu: Gpu, agent: subprocess.Popen[bytes]
 ) -> None:
