@@ -118,8 +118,9 @@ def test_an_order_recorded_in_the_agents_own_process_waits_for_the_earlier_order
         orders.wait_for_slice(second.pk, deadline_s=20)
         orders.wait_for_slice(first.pk, deadline_s=20)
     done = dict(HostOrder.objects.filter(action="create").values_list("slice_id", "done_at"))
-    assert done[first.pk] is not None and done[second.pk] is not None
-    assert done[first.pk] <= done[second.pk], "the earlier order first"
+    first_done, second_done = done[first.pk], done[second.pk]
+    assert first_done is not None and second_done is not None
+    assert first_done <= second_done, "the earlier order first"
     assert sorted(on_device(gpu)) == sorted([("3g.71gb", first.placement_start), ("1g.18gb", second.placement_start)])
 
 
