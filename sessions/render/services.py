@@ -428,10 +428,10 @@ def stop_job(job: RenderJob) -> None:
     job.chunks.filter(state=ChunkState.PENDING).update(state=ChunkState.CANCELLED, finished_at=timezone.now())
     job.frame_results.filter(state=FrameState.RENDERING).update(state=FrameState.PENDING)
     job_id = job.pk
-    transaction.on_commit(lambda: _stop_and_release(job_id, "render job ended"), robust=True)
+    transaction.on_commit(lambda: stop_and_release(job_id, "render job ended"), robust=True)
 
 
-def _stop_and_release(job_id: int, reason: str) -> None:
+def stop_and_release(job_id: int, reason: str) -> None:
     """Stop the job's containers and release its slices, each holding ending when its container did."""
     held = held_by(job_id)
     ended: dict[str, datetime | None] = {}
@@ -444,65 +444,3 @@ def _stop_and_release(job_id: int, reason: str) -> None:
             ended[endpoint] = None
     for taken in held:
         holdings.end(taken.pk, ended[engines.endpoint_of(taken.gpu.host.name)], reason)
-
-
-# Cancel ---------------------------------------------------------------------------------------------------
-
-
-def cancel(job_id: int) -> RenderJob:
-    """Cancel a job. Before it is queued its files go: at once when nothing of it runs
-    (``jobs.cancel_before_queue``), else once its probe's container is stopped and its slice released, the
-    probe's minutes charged to the container's end. After, its containers stop and its slices are released
-    at once, so charges end there; its finished frames stay."""
-    if RenderJob.objects.get(pk=job_id).state in RenderJob.BEFORE_QUEUE and not held_by(job_id):
-        with contextlib.suppress(RenderJob.BadStep):  # it moved on meanwhile (to its probe): cancelled below
-            return jobs.cancel_before_queue(job_id)
-    with transaction.atomic():
-        job = locked(job_id)
-        if job.ended:
-            raise RenderJob.BadStep(f"This job is already {job.get_state_display().lower()}.")
-        queued = job.state in RUNNING
-        job.save(update_fields=job.move(State.CANCELLED))
-        if queued:
-            job.chunks.filter(state=ChunkState.RENDERING).update(state=ChunkState.CANCELLED, finished_at=timezone.now())
-            stop_job(job)
-        else:
-            transaction.on_commit(lambda: _stop_probe(job_id), robust=True)
-        progress.announce(job)
-    return job
-
-
-STOPPED_FOR = {
-    "credit": "Stopped: your credit ran out. Once it is topped up, queue the frames that are not done again.",
-    "preempted": "Stopped: its spot slices were reclaimed for an on-demand launch. Queue the frames that are not done"
-    " again to go on.",
-    "staff": "Stopped by an operator. Queue the frames that are not done again to go on.",
-}
-
-
-def stop_for(job_id: int, reason: str) -> RenderJob:
-    """Stop a job for a reason that is not its owner's (credit ran out, its spot slices were reclaimed): it fails
-    saying why, so its frames that are not done can be queued again, and its containers stop and its slices are
-    released once this commits (each holding charged to its container's end). One estimating fails the same
-    way (nothing of it rendered yet: its scene is uploaded again). One that holds nothing yet is left as it is."""
-    message = STOPPED_FOR.get(reason, f"Stopped: {reason}.")
-    with transaction.atomic():
-        job = locked(job_id)
-        if job.state not in (State.ESTIMATING, *RUNNING):
-            return job
-        estimating = job.state == State.ESTIMATING
-        job.save(update_fields=job.move(State.FAILED, message))
-        if estimating:
-            transaction.on_commit(lambda: _stop_probe(job_id), robust=True)
-        else:
-            job.chunks.filter(state=ChunkState.RENDERING).update(state=ChunkState.CANCELLED, finished_at=timezone.now())
-            stop_job(job)
-        progress.announce(job)
-    return job
-
-
-def _stop_probe(job_id: int) -> None:
-    """A job cancelled while its probe may run: the probe's container stops, its slice is released (charged to
-    the container's end), then the job's files go."""
-    _stop_and_release(job_id, "render job cancelled before it was queued")
-    jobs.remove_files(RenderJob.objects.get(pk=job_id))

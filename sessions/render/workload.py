@@ -9,7 +9,7 @@ from django.contrib.auth.models import User
 from sessions import access
 from sessions.gpus.holders import HolderKind
 from sessions.gpus.workloads import Reason
-from sessions.render import services, slices
+from sessions.render import services, slices, stopping
 from sessions.render.models import RenderJob
 
 LIVE = (RenderJob.State.ESTIMATING, *services.RUNNING)
@@ -35,9 +35,9 @@ class RenderJobs:
         if by is not None and not access.may(by, access.Action.STOP, job):
             raise access.NotFound("No such render job among yours.")
         if reason in (Reason.USER, Reason.STAFF) and by is not None:
-            services.cancel(holder_id)  # BadStep for one already ended: the caller says so
+            stopping.cancel(holder_id)  # BadStep for one already ended: the caller says so
             return
-        services.stop_for(holder_id, reason)
+        stopping.stop_for(holder_id, reason)
 
     def give_up(self, holder_id: int, slice_id: int, reason: str) -> None:
         """A job holds several slices: it gives the one taken back up and goes on on the others."""

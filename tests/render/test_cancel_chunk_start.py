@@ -16,7 +16,7 @@ from django.contrib.auth.models import User
 from django.db import connection, transaction
 
 from sessions.gpus.models import Slice
-from sessions.render import chunks, filestore, services
+from sessions.render import chunks, filestore, stopping
 from sessions.render.models import RenderChunk, RenderFrame, RenderJob
 from tests.helpers.docker_gate import Hold, docker_gate
 from tests.render.sandbox_acts import alongside
@@ -56,7 +56,7 @@ def cancelled_at(job: RenderJob, held: Slice, hold: Hold) -> None:
     """Run the slice's worker until it reaches ``hold``, cancel the job there, then let the worker go on."""
     with alongside(lambda: chunks.work_on_slice(job.pk, held.pk), before_join=hold.stop):
         hold.wait_arrived()
-        services.cancel(job.pk)
+        stopping.cancel(job.pk)
         hold.release()
 
 
@@ -113,7 +113,7 @@ def test_a_cancel_that_waits_for_the_claim_to_commit_starts_no_container(
             let_go.wait(120)
 
     def cancel() -> None:
-        services.cancel(job.pk)
+        stopping.cancel(job.pk)
 
     with alongside(hold_the_chunk, before_join=let_go.set):
         chunk_locked.wait(30)

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from django.contrib.auth.models import User
 
-from sessions.render import services
+from sessions.render import services, stopping
 from sessions.render.models import RenderChunk, RenderJob
 from tests.render.stack import (  # noqa: F401 (fixtures)
     RENDER_THREADS,
@@ -56,5 +56,5 @@ def test_an_upload_is_estimated_while_another_persons_long_job_holds_every_rende
         assert services.estimate_of(upload) is not None
         assert rendering_on_every_thread(long_job, render_worker), "bob's job held every render thread throughout"
     finally:
-        services.cancel(long_job.pk)
+        stopping.cancel(long_job.pk)
     wait_for(lambda: not running_tasks(render_worker), 60, "the render worker idle again")

@@ -15,7 +15,7 @@ from sessions.gpus import holdings
 from sessions.gpus.allocator import SliceRequest, allocate
 from sessions.gpus.holders import Holder
 from sessions.gpus.models import Slice
-from sessions.render import recovery, services
+from sessions.render import recovery, services, stopping
 from sessions.render.models import RenderChunk, RenderFrame, RenderJob
 from tests.render.leftovers import traces
 from tests.render.stack import (  # noqa: F401 (fixtures)
@@ -52,7 +52,7 @@ def test_cancelling_mid_render_stops_the_container_and_ends_the_charges_at_once(
     wait_for(lambda: rendering_on_a_held_slice(job), 120, "a chunk rendering on a held slice")
     wait_for(lambda: containers_of(job), 30, "its container")
 
-    services.cancel(job.pk)
+    stopping.cancel(job.pk)
     cancelled = timezone.now()
 
     job.refresh_from_db()
@@ -64,7 +64,7 @@ def test_cancelling_mid_render_stops_the_container_and_ends_the_charges_at_once(
     assert not RenderFrame.objects.filter(job=job, state=RenderFrame.State.DONE).exists()
     wait_for(lambda: not containers_of(job), 30, "the job's container removed by its worker")
     with pytest.raises(RenderJob.BadStep, match="already cancelled"):
-        services.cancel(job.pk)
+        stopping.cancel(job.pk)
     charged_by_the_meter(held)  # to the container's end, which came before the cancel returned
 
 
