@@ -63,7 +63,7 @@ def back_again(run: SupervisedRun, name: str) -> Callable[[], bool]:
     if name == "worker":
         return run.worker_answers
     if name in ("render", "estimate"):
-        return lambda: worker_queues(run, name) == [f"{run.queue}-{name}"]
+        return lambda: worker_queues(run, name) == queues_of(run, name)
     return lambda: True  # beat, agent, console, revive: running again is all they show
 
 
@@ -92,6 +92,19 @@ def worker_queues(run: SupervisedRun, role: str) -> list[str]:
     return sorted(queue["name"] for queue in found.get(name, []))
 
 
+def queues_of(run: SupervisedRun, role: str) -> list[str]:
+    """What the worker should read: the estimate worker its queue; the render worker its queue and, once it
+    has taken them, the render queue of each host of the (simulated) fleet, this machine standing in for all."""
+    from django.conf import settings
+
+    from sessions.gpus.backends.simulated import parse_fleet
+
+    if role != "render":
+        return [f"{run.queue}-{role}"]
+    hosts = {gpu.host for gpu in parse_fleet(settings.SIMULATED_FLEET)}
+    return sorted([f"{run.queue}-render", *(f"{run.queue}-render@{host}" for host in hosts)])
+
+
 def pool_of(run: SupervisedRun, role: str) -> dict[str, Any]:
     from portal.celery import app
 
@@ -102,7 +115,7 @@ def pool_of(run: SupervisedRun, role: str) -> dict[str, Any]:
 def test_render_jobs_have_a_worker_of_their_own_on_their_own_queue(run: SupervisedRun) -> None:
     from portal.celery import app
 
-    run.wait(lambda: worker_queues(run, "render") == [f"{run.queue}-render"], 60, "the render worker")
+    run.wait(lambda: worker_queues(run, "render") == queues_of(run, "render"), 60, "the render worker, its hosts'")
     pool = pool_of(run, "render")
     assert pool["max-concurrency"] == len(os.sched_getaffinity(0))
     assert pool["implementation"].startswith("celery.concurrency.thread")
@@ -112,10 +125,10 @@ def test_render_jobs_have_a_worker_of_their_own_on_their_own_queue(run: Supervis
 
 
 def test_estimates_have_a_lane_of_their_own_that_no_render_takes_a_thread_of(run: SupervisedRun) -> None:
-    run.wait(lambda: worker_queues(run, "estimate") == [f"{run.queue}-estimate"], 60, "the estimate worker")
+    run.wait(lambda: worker_queues(run, "estimate") == queues_of(run, "estimate"), 60, "the estimate worker")
     pool = pool_of(run, "estimate")
     assert pool["max-concurrency"] == 2 and pool["implementation"].startswith("celery.concurrency.thread")
-    assert worker_queues(run, "render") == [f"{run.queue}-render"], "the render worker never takes a probe"
+    assert worker_queues(run, "render") == queues_of(run, "render"), "the render worker never takes a probe"
 
 
 @pytest.mark.parametrize("name", PORTAL + HELPERS)
