@@ -16,7 +16,7 @@ from tests.helpers.websockets import session_cookie
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-IDLE_S = 30
+IDLE_S = 20  # past the layer's Redis read timeout (15 s) and several of its 5 s blocking reads
 
 
 async def test_an_idle_notifications_socket_stays_open_and_still_receives_a_push(
