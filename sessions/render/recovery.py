@@ -236,8 +236,8 @@ def _put_back_lost_chunks() -> int:
     since = timezone.now() - GRACE
     stale = RenderChunk.objects.filter(state=ChunkState.RENDERING, started_at__lt=since)
     for chunk in stale.exclude(job__state__in=RenderJob.ENDED).select_related("job", "slice__gpu__host"):
-        runtime = engines.for_slice(chunk.slice) if chunk.slice is not None else engines.at(engines.LOCAL)
         try:
+            runtime = engines.for_slice(chunk.slice) if chunk.slice is not None else engines.at(engines.LOCAL)
             found = containers.of_chunk(runtime, chunk.pk)
         except (RuntimeError_, OSError) as error:
             log.error("render chunk %s: its host's Docker engine cannot be reached: %s", chunk.pk, error)

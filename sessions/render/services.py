@@ -436,8 +436,8 @@ def stop_and_release(job_id: int, reason: str) -> None:
     held = held_by(job_id)
     ended: dict[str, datetime | None] = {}
     for endpoint in {engines.LOCAL, *(engines.endpoint_of(taken.gpu.host.name) for taken in held)}:
-        runtime = engines.at(endpoint)  # each of its hosts' engines (sessions.runtime.engines)
         try:
+            runtime = engines.at(endpoint)  # each of its hosts' engines (sessions.runtime.engines)
             ended[endpoint] = containers.stop(runtime, containers.of_job(runtime, job_id))
         except (RuntimeError_, OSError) as error:  # that engine does not answer: its holdings end at their last proof
             log.error("render job %s: cannot stop its containers on %s: %s", job_id, endpoint or "this machine", error)

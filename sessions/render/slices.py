@@ -20,6 +20,7 @@ from sessions.render import containers, progress, queues
 from sessions.render.models import RenderChunk, RenderFrame, RenderJob
 from sessions.render.services import RUNNING, held_by, locked
 from sessions.runtime import engines
+from sessions.runtime.docker import RuntimeError_
 
 log = logging.getLogger(__name__)
 ChunkState = RenderChunk.State
@@ -105,5 +106,12 @@ def give_up_slice(job_id: int, slice_id: int, reason: str) -> None:
 
 
 def _stop_slice(slice_id: int, reason: str) -> None:
-    runtime = engines.for_slice(Slice.objects.select_related("gpu__host").get(pk=slice_id))
-    holdings.end(slice_id, containers.stop(runtime, runtime.containers_for("slice", str(slice_id))), reason)
+    """Stop the slice's containers on its host's engine and release it at their end; an engine that does not
+    answer ends the holding at its last proof of life, so the slice still goes to whoever waits for it."""
+    try:
+        runtime = engines.for_slice(Slice.objects.select_related("gpu__host").get(pk=slice_id))
+        ended = containers.stop(runtime, runtime.containers_for("slice", str(slice_id)))
+    except (RuntimeError_, OSError) as error:
+        log.error("slice %s: cannot stop its containers (%s); it ends at its last proof of life", slice_id, error)
+        ended = None
+    holdings.end(slice_id, ended, reason)
