@@ -33,6 +33,7 @@ PREPARE_FLEET = """
 from django.contrib.auth.models import User
 from sessions.gpus.allocator import SliceRequest, allocate
 from sessions.gpus import agency
+from sessions.gpus.holders import Holder
 from sessions.gpus.fleet import sync_fleet
 from sessions.gpus.models import SliceQuota
 agency.act_for(agency.hosts_of_this_machine())  # this script stands for the hosts' agent
@@ -41,7 +42,7 @@ for n in range(8):
     user = User.objects.create_user(f"tenant{n}")
     SliceQuota.objects.create(user=user, max_slices=7)
     for k in range(7):
-        allocate(user, SliceRequest("mig", "1g.18gb"), holder=f"notebook:{n * 7 + k + 1}")
+        allocate(user, SliceRequest("mig", "1g.18gb"), holder=Holder.notebook(n * 7 + k + 1))
 """
 
 

@@ -29,7 +29,7 @@ from django.contrib.auth.models import Group, User  # noqa: E402
 
 from portal import roles  # noqa: E402
 from portal.celery import app  # noqa: E402
-from sessions.render import services  # noqa: E402
+from sessions.render import filestore, services  # noqa: E402
 from sessions.render.models import RenderChunk, RenderFrame, RenderJob  # noqa: E402
 
 MIG_OFFER = {"gpu_kind": "mig", "gpu_profile": "1g.18gb", "gpu_model": "H200-SXM5-141GB"}
@@ -80,6 +80,7 @@ def new_job(
     )
     job.scene_path().mkdir(parents=True)
     shutil.copy(scene, job.scene_path() / "scene.blend")
+    job.scene_sha256 = filestore.scene_checksum(job.scene_path())[0]  # as unpacking records it
     job.save(force_insert=True)
     return job
 
