@@ -83,6 +83,8 @@ def unpack(job_id: int) -> RenderJob:
         _unpacked(job, run)
     except SceneRefused as refused:
         return _ended(job_id, refused.message)
+    except filestore.SceneChanged as odd:  # a link or a device file among the scene's files
+        return _ended(job_id, f"The scene was refused: {odd}.")
     except OSError as error:
         return _ended(job_id, f"The scene could not be unpacked on the portal's disk ({error.strerror or error}).")
     finally:
