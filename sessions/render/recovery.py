@@ -30,7 +30,7 @@ from sessions.gpus.models import GpuHost, Slice
 from sessions.render import containers, jobs, progress, services, slices, unpacking
 from sessions.render.models import RenderChunk, RenderFrame, RenderJob
 from sessions.runtime import engines
-from sessions.runtime.docker import DockerRuntime, RuntimeError_
+from sessions.runtime.docker import RuntimeError_
 
 log = logging.getLogger(__name__)
 # A chunk's worker removes its container, then records the chunk: a chunk seen rendering without a
@@ -81,7 +81,8 @@ def recover_after_restart(host: str | None = None) -> dict[str, int]:
     for taken in held.order_by("pk"):
         holdings.end(taken.pk, None, "its render worker stopped")  # at its last proof of life
         counts["slices_released"] += 1
-        touched.add(int(taken.holder_id or 0))
+        assert taken.holder_id is not None  # a render holding names its job
+        touched.add(taken.holder_id)
     for job_id in sorted(touched):
         counts["workers_sent"] += slices.dispatch(job_id)
     return counts
@@ -99,7 +100,7 @@ def restart_probes() -> dict[str, int]:
 
 def _restart_probe(job_id: int) -> None:
     held = services.held_by(job_id)
-    for runtime in _engines_of(held):
+    for runtime in map(engines.at, engines.endpoints_for(held)):
         found = containers.of_job(runtime, job_id)
         containers.stop(runtime, found)
         for container_id in found:
@@ -107,12 +108,6 @@ def _restart_probe(job_id: int) -> None:
     for taken in held:
         holdings.end(taken.pk, None, "render probe cut off")  # at its last proof of life, not the stop
     services.send_estimate(job_id)
-
-
-def _engines_of(held: list[Slice]) -> list[DockerRuntime]:
-    """The engines of the slices' hosts, and this machine's (``sessions.runtime.engines``)."""
-    endpoints = {engines.LOCAL, *(engines.endpoint_of(taken.gpu.host.name) for taken in held)}
-    return [engines.at(endpoint) for endpoint in sorted(endpoints)]
 
 
 def reconcile() -> dict[str, int]:

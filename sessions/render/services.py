@@ -435,7 +435,7 @@ def stop_and_release(job_id: int, reason: str) -> None:
     """Stop the job's containers and release its slices, each holding ending when its container did."""
     held = held_by(job_id)
     ended: dict[str, datetime | None] = {}
-    for endpoint in {engines.LOCAL, *(engines.endpoint_of(taken.gpu.host.name) for taken in held)}:
+    for endpoint in engines.endpoints_for(held):
         try:
             runtime = engines.at(endpoint)  # each of its hosts' engines (sessions.runtime.engines)
             ended[endpoint] = containers.stop(runtime, containers.of_job(runtime, job_id))

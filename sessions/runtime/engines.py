@@ -36,6 +36,11 @@ def for_slice(taken: Slice) -> DockerRuntime:
     return for_host(taken.gpu.host.name)
 
 
+def endpoints_for(slices: Iterable[Slice]) -> list[str]:
+    """The engines of the slices' hosts, and this machine's (a container may have outlived its slice's row)."""
+    return sorted({LOCAL, *(endpoint_of(taken.gpu.host.name) for taken in slices)})
+
+
 def by_engine(hosts: Iterable[str]) -> dict[str, list[str]]:
     """The hosts grouped by the engine that runs their containers; the local engine always among them."""
     grouped: dict[str, list[str]] = {LOCAL: []}
