@@ -345,9 +345,9 @@ def release(slice_id: int, reason: str = "released") -> None:
     """Give a slice back, inside the caller's transaction (or one of its own). Who may is the caller's
     question (``sessions.access``): the services ask it before they end what holds the slice.
 
-    Two round trips on PostgreSQL besides the order: lock the slice and its GPU, then write it all. A dynamic
-    instance's end is an order for the host's agent (``sessions.gpus.orders``), recorded after the create that
-    made it, so the agent destroys it before any later create reuses its room; the room is free for the
+    Two round trips on PostgreSQL: lock the slice and its GPU, then write it all. A dynamic instance's end is
+    an order for the host's agent (``sessions.gpus.orders``), written with the rest and recorded after the
+    create that made it, so the agent destroys it before any later create reuses its room; the room is free for the
     allocator at once. Releases need no turn (they only ever add room); the GPU's row lock keeps its
     bookkeeping exact against a parallel claim, which waits for it and then checks again.
     """
@@ -381,6 +381,7 @@ def release(slice_id: int, reason: str = "released") -> None:
         writes: list[tuple[str, Sequence[Any]]] = [released]
         if not dynamic:
             writes.append((f"UPDATE {GPU} SET active_slices = active_slices - 1 WHERE id = %s", [gpu_id]))
+            statements.run(*_written_together(writes))
         else:
             counts = json.loads(counts) if isinstance(counts, str) else counts  # SQLite and psycopg give text
             layout = Layout(mask, compute, tuple(sorted(counts.items())))
@@ -393,9 +394,9 @@ def release(slice_id: int, reason: str = "released") -> None:
             if instance_id is not None:
                 writes.append((f"DELETE FROM {INSTANCE} WHERE id = %s", [instance_id]))
             writes.append(gpu_written)
-        statements.run(*_written_together(writes))
-        if dynamic:
-            orders.destroy(host, host_id, gpu_id, gi_id, undoes=made_by)
+            writes.append(_insert(orders.to_destroy(host_id, gpu_id, gi_id, undoes=made_by)))  # last: its id back
+            [(order_id,)] = statements.run(*_written_together(writes))[-1]
+            orders.submitted(host, order_id)
 
 
 def _written_together(writes: list[tuple[str, Sequence[Any]]]) -> list[tuple[str, Sequence[Any]]]:

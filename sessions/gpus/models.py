@@ -374,6 +374,8 @@ class HostOrder(models.Model):
         indexes = [
             # What an agent looks for: its hosts' pending orders, a handful however long the history.
             models.Index(fields=["host", "id"], condition=Q(state="pending"), name="hostorder_pending_idx"),
+            # Whether an order has an earlier one of its GPU still pending (asked of every order an agent takes).
+            models.Index(fields=["gpu", "id"], condition=Q(state="pending"), name="hostorder_pending_gpu_idx"),
             models.Index(fields=["slice"], name="hostorder_slice_idx"),
         ]
 

@@ -106,6 +106,27 @@ def test_the_agent_makes_and_destroys_what_launches_and_releases_order(
     assert not GpuInstance.objects.filter(gpu=gpu).exists()
 
 
+def test_an_order_is_announced_to_listening_agents_once_it_commits_and_not_before(
+    gpu: Gpu, not_the_agent: None
+) -> None:
+    """The notice that wakes an agent (``LISTEN gpu_host_orders``) comes from the recording process just after
+    the commit: an agent woken before it would find nothing, and one never woken would look only every second."""
+    listener = orders._listener()
+    if listener is None:
+        pytest.skip("LISTEN/NOTIFY is PostgreSQL's; SQLite's agent looks every 0.2 s")
+    try:
+        with transaction.atomic():
+            taken = allocate(User.objects.create_user("web"), SliceRequest("mig", "3g.71gb"))
+            assert list(listener.notifies(timeout=0.5, stop_after=1)) == [], "nothing is announced before the commit"
+        [notice] = list(listener.notifies(timeout=10, stop_after=1))
+        assert notice.channel == orders.CHANNEL
+        assert HostOrder.objects.get(slice=taken).state == Order.PENDING, "the order is there when it is announced"
+        release(taken.pk)
+        assert len(list(listener.notifies(timeout=10, stop_after=1))) == 1, "its destroy is announced too"
+    finally:
+        listener.close()
+
+
 def test_an_order_recorded_in_the_agents_own_process_waits_for_the_earlier_orders_of_its_gpu(
     gpu: Gpu, not_the_agent: None
 ) -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -98,8 +98,12 @@ class GpuBackend(Protocol):
     def instances(self, gpu_uuid: str) -> list[FoundInstance]:
         """The MIG instances on one GPU now, as the device lists them."""
 
-    def create_instance(self, gpu_uuid: str, profile: Profile, start: int) -> FoundInstance:
-        """Create a GPU instance (and its compute instance) at ``start``."""
+    def create_instance(
+        self, gpu_uuid: str, profile: Profile, start: int, present: Sequence[FoundInstance] | None = None
+    ) -> FoundInstance:
+        """Create a GPU instance (and its compute instance) at ``start``. ``present``: the GPU's instances as
+        the caller has just read them from this backend (``instances``), which a backend may take instead of
+        reading again; a real driver checks for itself anyway."""
 
     def destroy_instance(self, gpu_uuid: str, gi_id: int) -> None:
         """Destroy a GPU instance and its compute instances."""

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import ctypes
 import logging
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -418,7 +418,9 @@ class NvmlBackend:
                 return []
             return self._instances(device, model)[0]
 
-    def create_instance(self, gpu_uuid: str, profile: Profile, start: int) -> FoundInstance:
+    def create_instance(
+        self, gpu_uuid: str, profile: Profile, start: int, present: Sequence[FoundInstance] | None = None
+    ) -> FoundInstance:
         what = f"create a {profile.name} instance at slice {start} on GPU {gpu_uuid}"
         agency.require(self.host_name, what)
         with _nvml(what):

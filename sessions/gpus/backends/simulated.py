@@ -11,7 +11,7 @@ import random
 import re
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from sessions.gpus import agency, catalog, statements
@@ -160,18 +160,14 @@ class SimulatedBackend:
             raise BackendError(f"no simulated GPU {gpu_uuid}", code="not_found")
         return SimulatedGpuSpec(gpu.host.name, gpu.index, gpu.catalog_model, gpu.sharing, gpu.share_limit)
 
-    def _state(self, gpu_uuid: str) -> tuple[Layout, set[int]]:
-        """The simulated device's MIG layout and the GPU-instance ids in use: one plain query."""
-        from sessions.gpus.models import SimulatedGpuInstance
-
+    def _state(self, gpu_uuid: str, present: Sequence[FoundInstance] | None = None) -> tuple[Layout, set[int]]:
+        """The simulated device's MIG layout and the GPU-instance ids in use: ``present`` as the caller just
+        read it, else one plain query."""
         model = self._spec(gpu_uuid).model
         layout, used = Layout(), set()
-        table = SimulatedGpuInstance._meta.db_table
-        for gi_id, name, start in statements.rows(
-            f"SELECT gi_id, profile, start FROM {table} WHERE gpu_uuid = %s", [gpu_uuid]
-        ):
-            layout = layout.with_instance(model.profile(name), start)
-            used.add(int(gi_id))
+        for found in self.instances(gpu_uuid) if present is None else present:
+            layout = layout.with_instance(model.profile(found.profile), found.start)
+            used.add(found.gi_id)
         return layout, used
 
     def sample(self, activity: Mapping[str, float], now: float | None = None) -> list[GpuSample]:
@@ -194,18 +190,26 @@ class SimulatedBackend:
         return free_starts(spec.model, self._state(gpu_uuid)[0], profile)
 
     def instances(self, gpu_uuid: str) -> list[FoundInstance]:
+        """The GPU's instances, in one plain (prepared) query."""
         from sessions.gpus.models import SimulatedGpuInstance
 
-        return [_found(row) for row in SimulatedGpuInstance.objects.filter(gpu_uuid=gpu_uuid).order_by("start")]
+        table = SimulatedGpuInstance._meta.db_table
+        sql = f"SELECT profile, start, size, gi_id, device_uuid FROM {table} WHERE gpu_uuid = %s ORDER BY start"
+        return [
+            FoundInstance(profile=profile, start=start, size=size, gi_id=gi_id, ci_id=0, device_uuid=device)
+            for profile, start, size, gi_id, device in statements.rows(sql, [gpu_uuid])
+        ]
 
-    def create_instance(self, gpu_uuid: str, profile: Profile, start: int) -> FoundInstance:
+    def create_instance(
+        self, gpu_uuid: str, profile: Profile, start: int, present: Sequence[FoundInstance] | None = None
+    ) -> FoundInstance:
         """Make the instance where the catalog's rules allow it, with the lowest free GPU-instance id,
         as the driver hands them out. Only the host's agent may (``sessions.gpus.agency``), as on a real host.
 
-        Two plain statements (read the device, insert): measured, one INSERT ... SELECT checking the
-        rules in SQL spent 0.4-0.7 ms planning, more than the second round trip costs. The insert is
-        queued (``statements.queue``): in the allocator's ``together()`` block it goes with the portal's
-        own records of the instance.
+        Two plain statements (read the device unless ``present`` says what it holds, insert): measured, one
+        INSERT ... SELECT checking the rules in SQL spent 0.4-0.7 ms planning, more than the second round trip
+        costs. The insert is queued (``statements.queue``): in the agent's ``together()`` block it goes with
+        the portal's own records of the instance and the order's result.
         """
         from sessions.gpus.models import SimulatedGpuInstance
 
@@ -213,7 +217,7 @@ class SimulatedBackend:
         agency.require(spec.host, f"create a {profile.name} instance on {gpu_uuid}")
         if spec.sharing != "mig":
             raise BackendError(f"MIG mode is off on {gpu_uuid}", code="not_supported")
-        layout, used = self._state(gpu_uuid)
+        layout, used = self._state(gpu_uuid, present)
         free_ids = [number for number in GI_IDS if number not in used]
         problem = why_not(spec.model, layout, profile, start) or ("" if free_ids else "no free GPU-instance id")
         if problem:

@@ -1,0 +1,47 @@
+"""Agents take orders in a time that does not grow with the orders waiting (issue 31's benchmark):
+
+- An index of each GPU's pending orders, for the question asked of every order an agent takes: is an earlier
+  order of its GPU still pending? Without it, each look walked every pending order of the host.
+- An order's notice is no longer sent by a trigger in the transaction that records it, but just after that
+  commits (``sessions.gpus.orders.wake``): PostgreSQL commits notifying transactions one at a time, each waiting
+  for the disk, which made every allocation and release wait for the ones before it.
+"""
+
+from collections.abc import Callable
+from typing import Any
+
+from django.db import migrations, models
+from django.db.backends.base.schema import BaseDatabaseSchemaEditor
+
+TRIGGER = """
+CREATE FUNCTION gpu_host_order_notify() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pg_notify('gpu_host_orders', NEW.host_id::text);
+    RETURN NULL;
+END $$;
+CREATE TRIGGER gpu_host_order_notify AFTER INSERT ON gpus_hostorder
+    FOR EACH ROW EXECUTE FUNCTION gpu_host_order_notify();
+"""
+TRIGGER_GONE = "DROP TRIGGER gpu_host_order_notify ON gpus_hostorder; DROP FUNCTION gpu_host_order_notify();"
+
+
+def _postgresql(sql: str) -> Callable[[Any, BaseDatabaseSchemaEditor], None]:
+    def run(apps: Any, schema_editor: BaseDatabaseSchemaEditor) -> None:
+        if schema_editor.connection.vendor == "postgresql":
+            schema_editor.execute(sql)
+
+    return run
+
+
+class Migration(migrations.Migration):
+    dependencies = [("gpus", "0002_postgresql_storage_and_order_notices")]
+
+    operations = [
+        migrations.AddIndex(
+            model_name="hostorder",
+            index=models.Index(
+                condition=models.Q(("state", "pending")), fields=["gpu", "id"], name="hostorder_pending_gpu_idx"
+            ),
+        ),
+        migrations.RunPython(_postgresql(TRIGGER_GONE), _postgresql(TRIGGER)),
+    ]
