@@ -169,10 +169,21 @@ def gpu_agent_here(database_pools_closed_at_the_end: None) -> Iterator[None]:
     simulated host the tests make, and serves the orders of the portal processes they start. Tests of the rule
     itself step out of the role (``tests/gpus/test_orders.py``)."""
     agency.act_for([agency.EVERY_HOST])
-    executor = _SuiteAgent().start()
+    _SUITE_AGENT.append(_SuiteAgent().start())
     yield
-    executor.stop()
+    _SUITE_AGENT.pop().stop()
     agency.stop_acting_for([agency.EVERY_HOST])
+
+
+_SUITE_AGENT: list[orders.Executor] = []  # the running one
+
+
+@pytest.fixture
+def suite_agent_stopped(gpu_agent_here: None) -> Iterator[None]:
+    """The suite's order executor stopped for the test, which carries out orders itself, in its own time."""
+    _SUITE_AGENT.pop().stop()
+    yield
+    _SUITE_AGENT.append(_SuiteAgent().start())
 
 
 @pytest.fixture

@@ -356,11 +356,15 @@ def release(slice_id: int, reason: str = "released") -> None:
         # The slice and its GPU locked in one statement. A second release of the same slice waits for this
         # one's lock, then finds it released and returns nothing; a claim on the GPU meanwhile is waited
         # for, and its layout is the one read (READ COMMITTED reads a locked row again once it is free).
+        # The instance is read from the slice's own row: if the agent recorded it while this waited for the lock,
+        # the locked row is read again and names it, where the joined instance row (not locked, and made after
+        # this statement began) would still read as absent and be left behind.
         found = statements.rows(
             "SELECT g.id, g.model_name, g.memory_mask, g.compute_used, g.profile_counts, h.id, h.name,"
-            f" i.id, i.gi_id, o.id, s.profile, s.placement_start FROM {SLICE} s JOIN {GPU} g ON g.id = s.gpu_id"
+            f" s.instance_id, i.gi_id, i.origin, o.id, s.profile, s.placement_start FROM {SLICE} s"
+            f" JOIN {GPU} g ON g.id = s.gpu_id"
             f" JOIN {HOST} h ON h.id = g.host_id"
-            f" LEFT JOIN {INSTANCE} i ON i.id = s.instance_id AND i.origin = 'dynamic'"
+            f" LEFT JOIN {INSTANCE} i ON i.id = s.instance_id"
             f" LEFT JOIN {ORDER} o ON o.slice_id = s.id AND o.action = 'create'"
             f" WHERE s.id = %s AND s.released_at IS NULL{lock}",
             [slice_id],
@@ -368,11 +372,25 @@ def release(slice_id: int, reason: str = "released") -> None:
         if not found:
             _refuse_release(slice_id)
             return
-        gpu_id, model_name, mask, compute, counts, host_id, host, instance_id, gi_id, made_by, profile, start = found[0]
+        (
+            gpu_id,
+            model_name,
+            mask,
+            compute,
+            counts,
+            host_id,
+            host,
+            instance_id,
+            gi_id,
+            origin,
+            made_by,
+            profile,
+            start,
+        ) = found[0]
         moment = Slice._meta.get_field("released_at").get_db_prep_save(timezone.now(), connection)
         # A dynamic instance is made for its one slice and goes with it (the deferred foreign key would
         # refuse the commit if any other slice still pointed at it); a static layout's instance stays.
-        dynamic = made_by is not None or instance_id is not None  # (or made before instances were orders)
+        dynamic = made_by is not None or origin == GpuInstance.Origin.DYNAMIC  # (or made before instances were orders)
         gone = ", instance_id = NULL" if dynamic else ""
         released = (
             f"UPDATE {SLICE} SET released_at = %s, release_reason = %s{gone} WHERE id = %s",

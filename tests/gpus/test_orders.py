@@ -9,18 +9,20 @@ out of that role, as a web process or a worker is.
 from __future__ import annotations
 
 import subprocess
+import threading
 import time
 from collections.abc import Iterator
 
 import pytest
 from django.contrib.auth.models import User
-from django.db import transaction
+from django.db import connection, transaction
 
-from sessions.gpus import agency, orders
+from sessions.gpus import agency, orders, statements
 from sessions.gpus.allocator import SliceRequest, allocate, release
 from sessions.gpus.backends import BackendError, get_backend
 from sessions.gpus.catalog import model
 from sessions.gpus.models import Gpu, GpuHost, GpuInstance, HostOrder, SimulatedGpuInstance, Slice
+from sessions.gpus.placement import Layout
 from tests.conftest import ARTIFACTS
 from tests.gpus.conftest import use_fleet
 from tests.helpers import processes
@@ -125,6 +127,57 @@ def test_an_order_is_announced_to_listening_agents_once_it_commits_and_not_befor
         assert len(list(listener.notifies(timeout=10, stop_after=1))) == 1, "its destroy is announced too"
     finally:
         listener.close()
+
+
+def test_a_release_that_waited_for_the_agent_recording_the_instance_takes_that_instance_with_it(
+    gpu: Gpu, not_the_agent: None, suite_agent_stopped: None
+) -> None:
+    """The agent records a slice's instance while the slice is released: the release waits for the agent's
+    lock, and must then see the instance the agent recorded (made after the release's statement began), delete
+    its row and have it destroyed, or the GPU's bookkeeping keeps an instance nobody holds."""
+    if connection.vendor != "postgresql":
+        pytest.skip("row locks are PostgreSQL's; SQLite runs one writing transaction at a time")
+    taken = launched(User.objects.create_user("web"))
+    create = HostOrder.objects.get(slice=taken)
+    recorded, go_on = threading.Event(), threading.Event()
+
+    def agent() -> None:  # carries the create out and holds its transaction open (the slice locked) until told
+        try:
+            with agency.acting_for(["ord"]), transaction.atomic():
+                assert orders.carry_out(create.pk)
+                recorded.set()
+                go_on.wait(20)
+        finally:
+            connection.close()
+
+    def releasing() -> None:
+        try:
+            release(taken.pk)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=agent), threading.Thread(target=releasing)]
+    threads[0].start()
+    assert recorded.wait(20)
+    threads[1].start()
+    waiting = "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND datname = current_database()"
+    give_up = time.monotonic() + 20
+    while statements.rows(waiting)[0][0] == 0 and time.monotonic() < give_up:
+        time.sleep(0.05)
+    assert statements.rows(waiting)[0][0] == 1, "the release waits for the agent's lock on the slice"
+    go_on.set()
+    for thread in threads:
+        thread.join(20)
+    with agency.acting_for(["ord"]):
+        while orders.carry_out_next(["ord"]):
+            pass
+
+    assert not GpuInstance.objects.filter(gpu=gpu).exists(), "no instance row is left without its slice"
+    assert on_device(gpu) == [], "and the device's instance is destroyed"
+    gpu.refresh_from_db()
+    recorded_books = (gpu.layout(), gpu.active_slices)
+    orders.recount(gpu)
+    assert (gpu.layout(), gpu.active_slices) == recorded_books == (Layout(), 0)
 
 
 def test_an_order_recorded_in_the_agents_own_process_waits_for_the_earlier_orders_of_its_gpu(
