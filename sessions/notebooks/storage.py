@@ -6,62 +6,90 @@ container's ``--storage-opt size=`` only on xfs mounted with ``pquota`` (on ext4
 container), and the local volume driver has no size limit at all. So both are measured, every
 PORTAL_STORAGE_MEASURE_MINUTES: a work volume while its owner has a session, and once more after one ended, in a
 short container of the portal's (``sessions.runtime.disk``); a writable layer as the engine reports it (SizeRw).
+Every engine that runs sessions is measured, each on its own; a work volume on another host's engine is that
+host's copy, which counts beside the others.
 While a person's files fill their quota a launch is refused, and each running session's card says so; a running
 session is never stopped for it, as that would lose what its owner has not saved.
 """
 
 from __future__ import annotations
 
+import logging
+
 from django.contrib.auth.models import User
 from django.db.models import Max
 from django.urls import reverse
 
 from portal import push
+from sessions.gpus.models import GpuHost
 from sessions.notebooks.models import NotebookSession, WorkVolume
-from sessions.runtime import disk
-from sessions.runtime.docker import DockerRuntime
+from sessions.runtime import disk, engines
+from sessions.runtime.docker import DockerRuntime, RuntimeError_
 from sessions.runtime.watchdogs import size_words
 from sessions.storage import shown, usage
 from sessions.storage.models import StorageUse
 
+log = logging.getLogger(__name__)
 Kind = StorageUse.Kind
 WORK_FOLDER = "work/"
 
 
 def measure_all() -> int:
-    """The periodic measure of notebooks' files; people with a session whose files fill their quota now, and
-    did not before, hear so on their open pages (their cards then warn). Returns how many things it measured."""
-    runtime = DockerRuntime()
+    """The periodic measure of notebooks' files on every engine that runs sessions (``sessions.runtime.engines``),
+    each on its own: one that does not answer keeps its figures as they were and stops nothing elsewhere. People
+    with a session whose files fill their quota now, and did not before, hear so on their open pages (their cards
+    then warn). Returns how many things it measured."""
     running = set(NotebookSession.objects.filter(state__in=NotebookSession.ACTIVE).values_list("owner_id", flat=True))
     before = _full(running)
-    measured = _measure_volumes(runtime) + _measure_layers(runtime)
+    measured, layers, silent = 0, {}, []
+    for endpoint, hosts in engines.by_engine(GpuHost.objects.values_list("name", flat=True)).items():
+        try:
+            runtime = engines.at(endpoint)
+            measured += _measure_volumes(runtime, _copy_on(endpoint, hosts))
+            layers.update(runtime.session_layers())
+        except (RuntimeError_, OSError) as error:
+            log.warning(
+                "notebook files on the engine of %s not measured: %s", ", ".join(hosts) or "this machine", error
+            )
+            silent += hosts
+    measured += _record_layers(layers, silent)
     for owner_id in _full(running) - before:
         push.notify_user(owner_id, {"type": "session.warning", "reason": "storage"})
     return measured
 
 
-def _due_volumes() -> list[WorkVolume]:
-    """Work volumes that may have changed since they were measured: their owner has a session, or had one end
-    since, or they were never measured."""
+def _copy_on(endpoint: str, hosts: list[str]) -> str:
+    """How a work volume's copy on this engine is told from another engine's: nothing on the local engine, else
+    the first host it runs (a person's work folder on another host is another volume of the same name)."""
+    return "" if endpoint == engines.LOCAL or not hosts else hosts[0]
+
+
+def _key(volume: WorkVolume, host: str) -> str:
+    return f"{volume.name}@{host}" if host else volume.name
+
+
+def _due_volumes(host: str) -> list[WorkVolume]:
+    """Work volumes that may have changed since they were measured on this engine: their owner has a session, or
+    had one end since, or they were never measured there."""
     measured = dict(StorageUse.objects.filter(kind=Kind.WORK_VOLUME).values_list("key", "measured_at"))
     active = set(NotebookSession.objects.filter(state__in=NotebookSession.ACTIVE).values_list("owner_id", flat=True))
     last_end = dict(NotebookSession.objects.values_list("owner_id").annotate(last=Max("ended_at")))
     due = []
     for volume in WorkVolume.objects.all():
-        at, ended = measured.get(volume.name), last_end.get(volume.owner_id)
+        at, ended = measured.get(_key(volume, host)), last_end.get(volume.owner_id)
         if at is None or volume.owner_id in active or (ended is not None and ended >= at):
             due.append(volume)
     return due
 
 
-def _measure_volumes(runtime: DockerRuntime) -> int:
-    due = _due_volumes()
+def _measure_volumes(runtime: DockerRuntime, host: str) -> int:
+    due = _due_volumes(host)
     if not due:
         return 0
     existing = runtime.volume_names()  # a volume never made (no session yet) is not mounted: that would make it
     for volume in due:
         if volume.name not in existing:
-            usage.forget(Kind.WORK_VOLUME, volume.name)
+            usage.forget(Kind.WORK_VOLUME, _key(volume, host))
     present = [volume for volume in due if volume.name in existing]
     sizes = disk.volume_bytes(runtime, [volume.name for volume in present]) if present else {}
     for volume in present:
@@ -69,16 +97,17 @@ def _measure_volumes(runtime: DockerRuntime) -> int:
             usage.record(
                 volume.owner_id,
                 Kind.WORK_VOLUME,
-                volume.name,
-                label=WORK_FOLDER,
+                _key(volume, host),
+                label=f"{WORK_FOLDER} on {host}" if host else WORK_FOLDER,
                 size=sizes[volume.name],
                 url=reverse("session-list"),
             )
     return len(sizes)
 
 
-def _measure_layers(runtime: DockerRuntime) -> int:
-    layers = runtime.session_layers()
+def _record_layers(layers: dict[int, int], silent: list[str]) -> int:
+    """The sessions' writable layers found on the engines that answered; a layer is forgotten once its container
+    is gone, but not while its session's host's engine is silent (nobody saw it go)."""
     sessions = list(NotebookSession.objects.filter(pk__in=list(layers)).values_list("pk", "owner_id", "server_name"))
     for session_id, owner_id, name in sessions:
         usage.record(
@@ -89,7 +118,8 @@ def _measure_layers(runtime: DockerRuntime) -> int:
             size=layers[session_id],
             url=reverse("session-detail", args=[session_id]),
         )
-    usage.forget_all_but(Kind.CONTAINER_LAYER, [str(session_id) for session_id, _, _ in sessions])
+    unseen = NotebookSession.objects.filter(slice__gpu__host__name__in=silent).values_list("pk", flat=True)
+    usage.forget_all_but(Kind.CONTAINER_LAYER, [str(pk) for pk, _, _ in sessions] + [str(pk) for pk in unseen])
     return len(sessions)
 
 

@@ -25,6 +25,7 @@ from sessions.runtime.spec import INSTANCE_LABEL
 from sessions.storage import tasks, usage
 from sessions.storage.models import StorageUse
 from tests.factories import running_session
+from tests.gpus.conftest import use_fleet
 
 pytestmark = pytest.mark.django_db
 BUSYBOX = "gpu-portal/busybox:latest"
@@ -109,6 +110,35 @@ def test_a_session_containers_writable_layer_counts_and_goes_with_its_container(
     runtime.remove(session_container)
     notebook_storage.measure_all()
     assert not StorageUse.objects.filter(kind=Kind.CONTAINER_LAYER).exists()
+
+
+@pytest.mark.docker
+def test_each_engine_is_measured_on_its_own_and_a_silent_one_keeps_its_hosts_figures(
+    docker_engine: str, work_volume: str, notebook_image: NotebookImage, alice: User, settings
+) -> None:  # type: ignore[no-untyped-def]
+    """Host far's engine is first away, then answers (this machine's engine, reached at its own endpoint, as a
+    second engine would be): its copy of alice's work folder and its session's layer follow it."""
+    use_fleet(settings, "near: 1xL4:whole; far: 1xL4:whole")
+    settings.DOCKER_ENGINES = {"far": "unix:///nonexistent/gpu-portal-far/docker.sock"}
+    on_far = running_session(alice, notebook_image, SliceRequest("whole", "", "L4", host="far"), "far-lab")
+    usage.record(alice.pk, Kind.WORK_VOLUME, f"{work_volume}@far", label="work/ on far", size=5 * MIB)
+    usage.record(alice.pk, Kind.CONTAINER_LAYER, str(on_far.pk), label="far-lab", size=2 * MIB)
+
+    notebook_storage.measure_all()
+
+    local = StorageUse.objects.get(kind=Kind.WORK_VOLUME, key=work_volume)
+    assert local.bytes > GIB, "this machine's engine is measured although far's does not answer"
+    kept = StorageUse.objects.get(kind=Kind.WORK_VOLUME, key=f"{work_volume}@far")
+    assert kept.bytes == 5 * MIB, "far's figure stays as it was while nobody can look"
+    assert StorageUse.objects.get(kind=Kind.CONTAINER_LAYER, key=str(on_far.pk)).bytes == 2 * MIB
+
+    settings.DOCKER_ENGINES = {"far": docker_engine}
+    notebook_storage.measure_all()
+
+    far = StorageUse.objects.get(kind=Kind.WORK_VOLUME, key=f"{work_volume}@far")
+    assert (far.bytes, far.label) == (local.bytes, "work/ on far"), "far's copy measured on far's engine"
+    assert not StorageUse.objects.filter(kind=Kind.CONTAINER_LAYER).exists(), "no container of far-lab on far"
+    assert usage.used_by(alice.pk) == 2 * local.bytes
 
 
 def as_user(user: User) -> Client:
