@@ -4,8 +4,9 @@
   on every claim and release, and with no index on those columns each rewrite is a HOT update (the new version
   on the same page, no index touched), which needs free room on the page (a fleet of 1,000 GPUs is about 80
   pages; bench/results/notes.md, issue 12).
-- An agent hears of a new order at once (``LISTEN gpu_host_orders``, sessions/gpus/orders.py) instead of
-  polling for it: a trigger sends the notice when the transaction that recorded the order commits.
+
+(It also made a trigger that sent an agent the notice of a new order from the recording transaction; no longer:
+see 0003.)
 """
 
 from collections.abc import Callable
@@ -13,17 +14,6 @@ from typing import Any
 
 from django.db import migrations
 from django.db.backends.base.schema import BaseDatabaseSchemaEditor
-
-NOTIFY = """
-CREATE FUNCTION gpu_host_order_notify() RETURNS trigger LANGUAGE plpgsql AS $$
-BEGIN
-    PERFORM pg_notify('gpu_host_orders', NEW.host_id::text);
-    RETURN NULL;
-END $$;
-CREATE TRIGGER gpu_host_order_notify AFTER INSERT ON gpus_hostorder
-    FOR EACH ROW EXECUTE FUNCTION gpu_host_order_notify();
-"""
-NOTIFY_GONE = "DROP TRIGGER gpu_host_order_notify ON gpus_hostorder; DROP FUNCTION gpu_host_order_notify();"
 
 
 def _postgresql(sql: str) -> Callable[[Any, BaseDatabaseSchemaEditor], None]:
@@ -42,5 +32,4 @@ class Migration(migrations.Migration):
             _postgresql("ALTER TABLE gpus_gpu SET (fillfactor = 70)"),
             _postgresql("ALTER TABLE gpus_gpu RESET (fillfactor)"),
         ),
-        migrations.RunPython(_postgresql(NOTIFY), _postgresql(NOTIFY_GONE)),
     ]

@@ -7,30 +7,19 @@
   for the disk, which made every allocation and release wait for the ones before it.
 """
 
-from collections.abc import Callable
 from typing import Any
 
 from django.db import migrations, models
 from django.db.backends.base.schema import BaseDatabaseSchemaEditor
 
-TRIGGER = """
-CREATE FUNCTION gpu_host_order_notify() RETURNS trigger LANGUAGE plpgsql AS $$
-BEGIN
-    PERFORM pg_notify('gpu_host_orders', NEW.host_id::text);
-    RETURN NULL;
-END $$;
-CREATE TRIGGER gpu_host_order_notify AFTER INSERT ON gpus_hostorder
-    FOR EACH ROW EXECUTE FUNCTION gpu_host_order_notify();
-"""
-TRIGGER_GONE = "DROP TRIGGER gpu_host_order_notify ON gpus_hostorder; DROP FUNCTION gpu_host_order_notify();"
 
-
-def _postgresql(sql: str) -> Callable[[Any, BaseDatabaseSchemaEditor], None]:
-    def run(apps: Any, schema_editor: BaseDatabaseSchemaEditor) -> None:
-        if schema_editor.connection.vendor == "postgresql":
-            schema_editor.execute(sql)
-
-    return run
+def _drop_the_notice_trigger(apps: Any, schema_editor: BaseDatabaseSchemaEditor) -> None:
+    """Gone from databases migrated before this change (0002 made it then)."""
+    if schema_editor.connection.vendor == "postgresql":
+        schema_editor.execute(
+            "DROP TRIGGER IF EXISTS gpu_host_order_notify ON gpus_hostorder;"
+            " DROP FUNCTION IF EXISTS gpu_host_order_notify();"
+        )
 
 
 class Migration(migrations.Migration):
@@ -43,5 +32,5 @@ class Migration(migrations.Migration):
                 condition=models.Q(("state", "pending")), fields=["gpu", "id"], name="hostorder_pending_gpu_idx"
             ),
         ),
-        migrations.RunPython(_postgresql(TRIGGER_GONE), _postgresql(TRIGGER)),
+        migrations.RunPython(_drop_the_notice_trigger, migrations.RunPython.noop),
     ]
