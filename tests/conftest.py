@@ -155,10 +155,10 @@ class _SuiteAgent(orders.Executor):
     own orders are carried out at once in its transaction. Between tests that may not use the database it
     waits."""
 
-    def _drain(self) -> None:
+    def _drain(self, heard: int | None = orders.EVERY_ORDER) -> None:
         try:
             connections["default"].ensure_connection()
-            super()._drain()
+            super()._drain(heard)
         except RuntimeError:  # pytest-django's guard: this test may not use the database (also once a test that
             return  # could ends mid-drain, when the executor's clean-up meets the guard: the thread must live on)
 

@@ -353,11 +353,18 @@ def _state(order_id: int) -> str:
 # The agent's side: a thread that carries out its hosts' orders as they come.
 
 
+EVERY_ORDER = -1  # the executor's look after a second with no notice (or none heard at all): every order waiting
+
+
 class Executor:
     """Carries out the orders of the hosts this process acts for, woken by PostgreSQL's notice of a new one
     (``LISTEN gpu_host_orders``) or, failing that, every second; and runs ``discover`` (the hosts' discovery,
     which may reclaim an instance nobody holds) at its start and every ``DISCOVER_EVERY_S``. Its own database
-    connection (a thread's)."""
+    connection (a thread's).
+
+    Each order committed sends one notice (``wake``), so woken by N notices it takes at most N orders and then
+    waits again, without a last look that would find nothing; the look each second (and its first, at start)
+    takes every order waiting, so an order whose notice was lost waits at most a second."""
 
     def __init__(self, hosts: Iterable[str] | None = None, discover: Callable[[], object] | None = None) -> None:
         self.hosts = None if hosts is None else list(hosts)
@@ -374,12 +381,14 @@ class Executor:
         self.thread.join(timeout)
 
     def _run(self) -> None:
-        listener = None
+        listener: psycopg.Connection[tuple[object, ...]] | None = None
+        heard: int | None = EVERY_ORDER
         try:
             while not self.stopped.is_set():
                 listener = listener or _listener()
-                self._drain()
-                if not _await_notice(listener, self.stopped) and listener is not None:
+                self._drain(heard)
+                heard = _await_notice(listener, self.stopped)
+                if heard is None and listener is not None:
                     listener.close()
                     listener = None  # broken: a new one at the next turn
         finally:
@@ -387,13 +396,17 @@ class Executor:
                 listener.close()
             connections.close_all()
 
-    def _drain(self) -> None:
+    def _drain(self, heard: int | None = EVERY_ORDER) -> None:
+        """Carry out ``heard`` orders, fewer if no more wait (EVERY_ORDER or None: all that wait)."""
         try:
             if self.discover is not None and time.monotonic() - self.discovered_at > DISCOVER_EVERY_S:
                 self.discover()
                 self.discovered_at = time.monotonic()
-            while not self.stopped.is_set() and carry_out_next(self.hosts):
-                pass
+            done = 0
+            while not self.stopped.is_set() and (heard in (None, EVERY_ORDER) or done < heard):
+                if not carry_out_next(self.hosts):
+                    break
+                done += 1
         except Exception:  # the database away, a flushed table: log, and look again at the next wake
             log.exception("agent: carrying out GPU orders failed; trying again")
             close_old_connections()
@@ -420,18 +433,18 @@ def _listener() -> psycopg.Connection[tuple[object, ...]] | None:
     return listener
 
 
-def _await_notice(listener: psycopg.Connection[tuple[object, ...]] | None, stopped: threading.Event) -> bool:
-    """Wait for a notice of a new order, at most a second; False if the listener broke."""
+def _await_notice(listener: psycopg.Connection[tuple[object, ...]] | None, stopped: threading.Event) -> int | None:
+    """Wait for notices of new orders, at most a second: how many came, EVERY_ORDER if none came in that second
+    (or none can: no listener), None if the listener broke."""
     if listener is None:
         stopped.wait(IDLE_POLL_S if connection.vendor == "postgresql" else 0.2)
-        return True
+        return EVERY_ORDER
     try:
         readable, _, _ = select.select([listener.fileno()], [], [], IDLE_POLL_S)
-        if readable:
-            for _notice in listener.notifies(timeout=0):
-                pass
+        if not readable:
+            return EVERY_ORDER
+        return sum(1 for _notice in listener.notifies(timeout=0))
     except (psycopg.Error, OSError, ValueError) as error:
         log.warning("agent: the order notices stopped (%s)", error)
         stopped.wait(IDLE_POLL_S)
-        return False
-    return True
+        return None

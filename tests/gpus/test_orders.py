@@ -129,6 +129,23 @@ def test_an_order_is_announced_to_listening_agents_once_it_commits_and_not_befor
         listener.close()
 
 
+def test_an_order_whose_notice_never_came_is_carried_out_at_the_agents_look_each_second(
+    gpu: Gpu, agent: subprocess.Popen[bytes]
+) -> None:
+    """A woken agent takes as many orders as it heard notices of; one recorded without a notice (lost in a
+    crash, say) is found by its look each second."""
+    launched_one = launched(User.objects.create_user("web"), "1g.18gb")  # announced: the agent is up and listening
+    orders.wait_for_slice(launched_one.pk, deadline_s=20)
+    release(launched_one.pk)
+    orders.wait(HostOrder.objects.get(action="destroy", gpu=gpu).pk, deadline_s=20)  # the GPU idle again
+    silent = HostOrder.objects.create(
+        host=gpu.host, gpu=gpu, action=HostOrder.Action.LAYOUT, layout=[["3g.71gb", 4]]
+    )  # recorded as no process records one: no notice follows
+    done = orders.wait(silent.pk, deadline_s=20)
+    assert done.state == Order.DONE
+    assert on_device(gpu) == [("3g.71gb", 4)]
+
+
 def test_a_release_that_waited_for_the_agent_recording_the_instance_takes_that_instance_with_it(
     gpu: Gpu, not_the_agent: None, suite_agent_stopped: None
 ) -> None:
