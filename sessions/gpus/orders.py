@@ -74,7 +74,7 @@ def submitted(host: str, order_id: int) -> None:
     if agency.is_agent_of(host):
         carry_out(order_id)
     elif connection.vendor == "postgresql":
-        transaction.on_commit(wake)
+        transaction.on_commit(wake, robust=True)  # a notice that fails is logged: the order stands, looked at in 1 s
 
 
 def wake() -> None:
