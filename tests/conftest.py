@@ -155,7 +155,7 @@ class _SuiteAgent(orders.Executor):
     own orders are carried out at once in its transaction. Between tests that may not use the database it
     waits."""
 
-    def _drain(self, heard: int | None = orders.EVERY_ORDER) -> None:
+    def _drain(self, heard: int = orders.EVERY_ORDER) -> None:
         try:
             connections["default"].ensure_connection()
             super()._drain(heard)

@@ -26,7 +26,6 @@ import json
 import logging
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from functools import cache
 from typing import Any
 
 from django.conf import settings
@@ -285,12 +284,12 @@ def _made(
 def _recorded(taken: Slice, order: HostOrder) -> list[tuple[Any, ...]]:
     """The slice's row and its order's, the order taking the slice's new id. On
     PostgreSQL one statement, whose WITH inserts the slice; SQLite has no such WITH. Returns (order id, slice id)."""
-    slice_sql, slice_params = _insert(taken)
+    slice_sql, slice_params = statements.insert(taken)
     if connection.vendor != "postgresql":
         order.slice_id = statements.rows(slice_sql, slice_params)[0][0]
-        order_sql, order_params = _insert(order)
+        order_sql, order_params = statements.insert(order)
         return statements.rows(f"{order_sql}, slice_id", order_params)
-    order_sql, order_params = _insert(order, slice="(SELECT id FROM taken)")
+    order_sql, order_params = statements.insert(order, slice="(SELECT id FROM taken)")
     return statements.rows(f"WITH taken AS ({slice_sql}) {order_sql}, slice_id", [*slice_params, *order_params])
 
 
@@ -305,26 +304,6 @@ def _mig_slice(
     taken = new_slice(owner, request, gpu_id, holder, placed.device_uuid, profile.compute_slices, profile.memory_gib)
     taken.profile, taken.placement_start, taken.placement_size = profile.name, placed.start, placed.size
     return taken
-
-
-def _insert(row: Slice | HostOrder, **sql: str) -> tuple[str, list[Any]]:
-    """The INSERT ... RETURNING id for an unsaved row; ``sql`` gives a field an SQL expression of no parameter."""
-    fields, columns = _insert_columns(type(row))
-    db = statements.database()
-    marks, values = [], []
-    for field in fields:
-        if field.name in sql:
-            marks.append(sql[field.name])
-        else:
-            marks.append("%s")
-            values.append(field.get_db_prep_save(field.pre_save(row, add=True), db))
-    return f"INSERT INTO {row._meta.db_table} ({columns}) VALUES ({', '.join(marks)}) RETURNING id", values
-
-
-@cache
-def _insert_columns(model: type[Slice] | type[HostOrder]) -> tuple[list[Any], str]:
-    fields = [field for field in model._meta.concrete_fields if not field.primary_key]
-    return fields, ", ".join(field.column for field in fields)
 
 
 def _layout_values(layout: Layout) -> list[Any]:
@@ -412,7 +391,8 @@ def release(slice_id: int, reason: str = "released") -> None:
             if instance_id is not None:
                 writes.append((f"DELETE FROM {INSTANCE} WHERE id = %s", [instance_id]))
             writes.append(gpu_written)
-            writes.append(_insert(orders.to_destroy(host_id, gpu_id, gi_id, undoes=made_by)))  # last: its id back
+            destroy = orders.to_destroy(host_id, gpu_id, gi_id, undoes=made_by)
+            writes.append(statements.insert(destroy))  # last: its id comes back
             [(order_id,)] = statements.run(*_written_together(writes))[-1]
             orders.submitted(host, order_id)
 

@@ -220,13 +220,9 @@ def _record_instance(order: HostOrder, made: FoundInstance) -> None:
     Two statements with no answer awaited between them: the first locks the slice (a release of it meanwhile
     is waited for, and then seen: it records its destroy after this) and records the instance only if it is
     still held and has none; the second points the slice at it under the same conditions."""
-    instance = GpuInstance.of(order.gpu_id, made, GpuInstance.Origin.DYNAMIC)
-    fields = [field for field in GpuInstance._meta.concrete_fields if not field.primary_key]
-    db = statements.database()
-    values = [field.get_db_prep_save(field.pre_save(instance, add=True), db) for field in fields]
+    columns, marks, values = statements.row_values(GpuInstance.of(order.gpu_id, made, GpuInstance.Origin.DYNAMIC))
     held = "id = %s AND released_at IS NULL AND instance_id IS NULL"
     lock = " FOR NO KEY UPDATE" if connection.features.has_select_for_update else ""
-    columns, marks = ", ".join(field.column for field in fields), ", ".join(["%s"] * len(values))
     statements.queue(
         f"INSERT INTO {INSTANCE} ({columns}) SELECT {marks} WHERE EXISTS (SELECT 1 FROM {SLICE} WHERE {held}{lock})",
         [*values, order.slice_id or 0],
@@ -381,29 +377,29 @@ class Executor:
         self.thread.join(timeout)
 
     def _run(self) -> None:
-        listener: psycopg.Connection[tuple[object, ...]] | None = None
-        heard: int | None = EVERY_ORDER
+        listener, heard = None, EVERY_ORDER
         try:
             while not self.stopped.is_set():
                 listener = listener or _listener()
                 self._drain(heard)
-                heard = _await_notice(listener, self.stopped)
-                if heard is None and listener is not None:
+                answer = _await_notice(listener, self.stopped)
+                if answer is None and listener is not None:
                     listener.close()
                     listener = None  # broken: a new one at the next turn
+                heard = EVERY_ORDER if answer is None else answer
         finally:
             if listener is not None:
                 listener.close()
             connections.close_all()
 
-    def _drain(self, heard: int | None = EVERY_ORDER) -> None:
-        """Carry out ``heard`` orders, fewer if no more wait (EVERY_ORDER or None: all that wait)."""
+    def _drain(self, heard: int = EVERY_ORDER) -> None:
+        """Carry out ``heard`` orders, fewer if no more wait (EVERY_ORDER: all that wait)."""
         try:
             if self.discover is not None and time.monotonic() - self.discovered_at > DISCOVER_EVERY_S:
                 self.discover()
                 self.discovered_at = time.monotonic()
             done = 0
-            while not self.stopped.is_set() and (heard in (None, EVERY_ORDER) or done < heard):
+            while not self.stopped.is_set() and (heard == EVERY_ORDER or done < heard):
                 if not carry_out_next(self.hosts):
                     break
                 done += 1

@@ -16,10 +16,11 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from functools import cache
 from typing import Any
 
 import psycopg
-from django.db import DEFAULT_DB_ALIAS, connections
+from django.db import DEFAULT_DB_ALIAS, connections, models
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.backends.utils import CursorDebugWrapper, CursorWrapper
 
@@ -80,6 +81,33 @@ def together() -> Iterator[None]:
         return
     with db.wrap_database_errors, db.connection.pipeline():
         yield
+
+
+def insert(row: models.Model, **sql: str) -> tuple[str, list[Any]]:
+    """The INSERT ... RETURNING id for an unsaved row; ``sql`` gives a field an SQL expression of no parameter."""
+    columns, marks, values = row_values(row, **sql)
+    return f"INSERT INTO {row._meta.db_table} ({columns}) VALUES ({marks}) RETURNING id", values  # noqa: S608
+
+
+def row_values(row: models.Model, **sql: str) -> tuple[str, str, list[Any]]:
+    """An unsaved row's columns, their placeholders (or ``sql``'s expressions) and its values, as an INSERT
+    takes them: every concrete field but the primary key, each value as the field saves it."""
+    fields, columns = _insert_columns(type(row))
+    db = _db()
+    marks, values = [], []
+    for field in fields:
+        if field.name in sql:
+            marks.append(sql[field.name])
+        else:
+            marks.append("%s")
+            values.append(field.get_db_prep_save(field.pre_save(row, add=True), db))
+    return columns, ", ".join(marks), values
+
+
+@cache
+def _insert_columns(model: type[models.Model]) -> tuple[list[Any], str]:
+    fields = [field for field in model._meta.concrete_fields if not field.primary_key]
+    return fields, ", ".join(field.column for field in fields)
 
 
 def database() -> BaseDatabaseWrapper:
