@@ -24,6 +24,7 @@ from django.views.decorators.http import require_GET, require_POST
 from sessions.notebooks import access as notebook_access
 from sessions.notebooks import services
 from sessions.notebooks.models import NotebookSession, WorkVolume
+from sessions.runtime import engines
 from sessions.runtime.slices import spec_for
 from sessions.runtime.times import engine_time
 
@@ -71,6 +72,7 @@ def spec(session: NotebookSession) -> dict[str, Any]:
         "session": session.pk,
         "container": container.to_json(),
         "sized_for_host": host.name if host.cpus else "",
+        "engine": engines.endpoint_of(host.name),  # "": the hub's own engine
         "environment": {"GPU_PORTAL_SESSION": str(session.pk), "GPU_PORTAL_SLICE": taken.describe()},
         "volume": WorkVolume.for_owner(session.owner_id).name,
     }

@@ -14,7 +14,7 @@ import socket
 import time
 from collections.abc import Awaitable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, ClassVar
 
 import requests
 from dockerspawner import DockerSpawner
@@ -22,6 +22,7 @@ from tornado import web
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError
 from traitlets import Float, Integer, Unicode
 
+from sessions.runtime.engine_client import api_client
 from sessions.runtime.spec import HOST_NETWORK, ContainerSpec
 
 HOME = "/home/jovyan/work"
@@ -57,7 +58,9 @@ class PortalSpawner(DockerSpawner):
     ).tag(config=True)
 
     _pool: ThreadPoolExecutor | None = None
+    _engines: ClassVar[dict[str, Any]] = {}  # a docker.APIClient per engine
     session_id = 0
+    engine = ""  # the Docker engine of the slice's host, as the launch spec names it; "": the hub's own
     _steps: list[tuple[int, str]]
     _starting = False
     _end: dict[str, Any]  # how the container ended, read in stop_object() before it is removed
@@ -73,15 +76,26 @@ class PortalSpawner(DockerSpawner):
             cls._pool = ThreadPoolExecutor(self.docker_threads, thread_name_prefix="docker")
         return cls._pool
 
+    @property
+    def client(self) -> Any:
+        """The Docker engine of the slice's host (DockerSpawner's one client for the hub's own engine)."""
+        if not self.engine:
+            return super().client
+        found = self._engines.get(self.engine)
+        if found is None:
+            found = self._engines[self.engine] = api_client(self.engine, **self.client_kwargs)
+        return found
+
     def get_state(self) -> dict[str, Any]:
         state: dict[str, Any] = super().get_state()
         if self.session_id:
-            state.update(session_id=self.session_id, port=self.port, network=self.network_name)
+            state.update(session_id=self.session_id, port=self.port, network=self.network_name, engine=self.engine)
         return state
 
     def load_state(self, state: dict[str, Any]) -> None:
         super().load_state(state)
         self.session_id = int(state.get("session_id", 0))
+        self.engine = str(state.get("engine", ""))  # a restarted hub stops the container on its own engine
         # As the launch spec set it (``_apply``): a hub restarted since must still remove the container it stops.
         if self.session_id:
             self.remove = True
@@ -159,6 +173,7 @@ class PortalSpawner(DockerSpawner):
         """The portal's launch spec onto DockerSpawner: the container spec as the portal built it, applied by
         the same code as the Docker adapter's (ContainerSpec.host_config), plus JupyterLab's environment."""
         self.session_id = int(launch["session"])
+        self.engine = str(launch.get("engine", ""))
         spec = ContainerSpec.from_json(launch["container"])
         if not launch.get("sized_for_host"):  # no agent has told the portal its host's size: this machine's
             spec = spec.within_host(os.cpu_count(), _host_memory())

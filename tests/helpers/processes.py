@@ -34,7 +34,14 @@ def test_database_url() -> str:
     return f"postgres://{auth}{db.get('HOST') or '127.0.0.1'}:{db.get('PORT') or 5432}/{db['NAME']}"
 
 
+# A host whose Docker engine no one answers at, known to every helper process (the portal builds launch specs
+# with it): a test's fleet may name it to see the host's own engine used, not this machine's.
+ENGINE_GONE_HOST = "engine-gone"
+GONE_ENGINE = "unix:///nonexistent/gpu-portal-far/docker.sock"
+
+
 def child_env(**extra: str) -> dict[str, str]:
+    engines = {**settings.DOCKER_ENGINES, ENGINE_GONE_HOST: GONE_ENGINE}
     env = dict(os.environ)
     env.update(
         DATABASE_URL=test_database_url(),
@@ -55,6 +62,7 @@ def child_env(**extra: str) -> dict[str, str]:
         PORTAL_NOTEBOOK_INTERNET=str(settings.USER_NETWORK.internet).lower(),
         PORTAL_HUB_PORT=str(settings.USER_NETWORK.hub_port),
         PORTAL_BILLING_MIN_MINUTES=str(settings.BILLING_MIN_MINUTES),
+        PORTAL_DOCKER_ENGINES="; ".join(f"{host}={endpoint}" for host, endpoint in engines.items()),
     )
     env.update(extra)
     return env

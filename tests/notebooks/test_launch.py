@@ -23,6 +23,8 @@ from sessions.runtime.slices import spec_for
 from sessions.runtime.spec import NO_IPV6
 from sessions.runtime.times import engine_time
 from tests.conftest import HubStack
+from tests.gpus.conftest import use_fleet
+from tests.helpers.processes import ENGINE_GONE_HOST, GONE_ENGINE
 from tests.helpers.waiting import state_of, wait_for
 
 pytestmark = [pytest.mark.hub, pytest.mark.docker, pytest.mark.celery, pytest.mark.django_db(transaction=True)]
@@ -80,6 +82,24 @@ def test_a_session_runs_jupyterlab_on_its_own_slice_and_stops_cleanly(
     assert session.ended_reason == NotebookSession.EndReason.USER
     assert session.slice is not None
     assert not Slice.objects.get(pk=session.slice.pk).active
+
+
+def test_a_session_runs_on_its_hosts_engine_and_fails_with_it_named_when_that_engine_does_not_answer(
+    hub: str,
+    notebook_image: NotebookImage,
+    alice: User,
+    settings,  # type: ignore[no-untyped-def]
+) -> None:
+    # The portal's helper processes know this host's engine (PORTAL_DOCKER_ENGINES); no engine answers there,
+    # where this machine's would have started the container.
+    use_fleet(settings, f"{ENGINE_GONE_HOST}: 1xL4:whole")
+    request = SliceRequest("whole", model="L4", host=ENGINE_GONE_HOST)
+    session = start_session(alice, Launch(request, notebook_image.pk, "far-away"))
+    wait_for(lambda: state_of(session) == NotebookSession.State.FAILED, 60, "the launch to fail")
+    assert GONE_ENGINE in session.failure_detail and "does not answer" in session.failure_detail
+    assert session.container_started_at is None and session.slice is not None
+    assert not Slice.objects.get(pk=session.slice.pk).active
+    assert DockerRuntime().containers_for("session", str(session.pk)) == []
 
 
 def run_one(alice: User, image: NotebookImage, name: str) -> NotebookSession:

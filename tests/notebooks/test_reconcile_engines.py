@@ -22,9 +22,9 @@ from sessions.runtime.docker import DockerRuntime
 from sessions.runtime.spec import INSTANCE_LABEL
 from tests.factories import running_session
 from tests.gpus.conftest import use_fleet
+from tests.helpers.processes import GONE_ENGINE
 
 pytestmark = [pytest.mark.docker, pytest.mark.django_db(transaction=True)]
-GONE_ENGINE = "unix:///nonexistent/gpu-portal-far/docker.sock"  # no engine answers there
 
 
 @pytest.fixture

@@ -19,9 +19,9 @@ from sessions.render import recovery, services
 from sessions.render.models import RenderChunk, RenderJob
 from tests.factories import one_frame_a_chunk
 from tests.gpus.conftest import use_fleet
+from tests.helpers.processes import GONE_ENGINE
 
 pytestmark = [pytest.mark.docker, pytest.mark.django_db]
-GONE_ENGINE = "unix:///nonexistent/gpu-portal-far/docker.sock"  # no engine answers there
 
 
 def test_a_chunk_whose_engine_does_not_answer_is_left_rendering_and_one_elsewhere_is_put_back(
