@@ -1,5 +1,5 @@
 # The README names two targets: `make run` and `make test`.
-.PHONY: run test lint format bench lock
+.PHONY: run test lint format bench lock lab-up lab-down
 
 run:
 	compose/bin/run
@@ -15,6 +15,13 @@ format:
 
 bench:
 	.venv/bin/python -m bench $(or $(NAME),all)
+
+# The multi-host lab (tests/lab): three GPU hosts, each a network namespace with its own Docker engine, one Swarm.
+lab-up:
+	compose/bin/ensure-docker && compose/bin/build-busybox-image && .venv/bin/python -m tests.lab up
+
+lab-down:
+	.venv/bin/python -m tests.lab down
 
 # Re-pin every transitive package after changing requirements.in.
 lock:

@@ -69,6 +69,19 @@ class SimulatedGpuSpec:
     def uuid(self) -> str:
         return f"GPU-{uuid.uuid5(NAMESPACE, f'{self.host}/{self.index}/{self.model.name}')}"
 
+    def device_uuids(self) -> list[str]:
+        """Every device UUID a container on this GPU may be given: the GPU's, and in MIG mode every instance's
+        that could be made (what a lab host's NVIDIA stand-in knows, tests/lab)."""
+        found = [self.uuid]
+        if self.sharing == "mig":
+            found += [mig_uuid(self.uuid, p.name, start) for p in self.model.profiles for start in p.placements]
+        return found
+
+
+def mig_uuid(gpu_uuid: str, profile: str, start: int) -> str:
+    """The MIG device's UUID of an instance of ``profile`` at ``start`` (the same every time it is made)."""
+    return f"MIG-{uuid.uuid5(NAMESPACE, f'{gpu_uuid}/{profile}/{start}')}"
+
 
 def parse_fleet(spec: str, default_host: str = "sim-1") -> list[SimulatedGpuSpec]:
     """Parse e.g. 'sim-1: 2xH200:mig, 1xA30:shared=4; sim-2: 4xL4:whole'.
@@ -222,7 +235,7 @@ class SimulatedBackend:
         problem = why_not(spec.model, layout, profile, start) or ("" if free_ids else "no free GPU-instance id")
         if problem:
             raise BackendError(problem, code="insufficient_resources")
-        device_uuid = f"MIG-{uuid.uuid5(NAMESPACE, f'{gpu_uuid}/{profile.name}/{start}')}"
+        device_uuid = mig_uuid(gpu_uuid, profile.name, start)
         statements.queue(
             f"INSERT INTO {SimulatedGpuInstance._meta.db_table}"
             " (gpu_uuid, gi_id, profile, start, size, device_uuid) VALUES (%s, %s, %s, %s, %s, %s)",

@@ -1,0 +1,1 @@
+"""The multi-host lab: see tests/lab/lab.py."""
