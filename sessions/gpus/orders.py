@@ -121,6 +121,18 @@ def carry_out(order_id: int) -> bool:
 def carry_out_next(hosts: Iterable[str] | None = None) -> bool:
     """As the agent of ``hosts`` (None: every host this process acts for), carry out the oldest order it may
     take: the oldest pending one of its GPU, not held by another agent. False when there is none."""
+    return carry_out_some(hosts, 1) == 1
+
+
+BATCH = 16  # orders an agent carries out in one transaction when that many wait
+
+
+def carry_out_some(hosts: Iterable[str] | None = None, most: int = BATCH) -> int:
+    """Carry out up to ``most`` orders as ``carry_out_next`` would, one after another, in one transaction: how
+    many. Orders that come in a burst share one commit (measured: a commit and its round trips were a third of
+    an order's cost to the agent, on the two cores the web processes need too); a failure undoes the batch,
+    whose orders are then taken again (a create adopts the instance an undone try made). An order is done, for
+    whoever waits for it, when its batch commits: at most ``BATCH`` orders later."""
     names = agency.hosts() if hosts is None else list(hosts)
     if agency.EVERY_HOST in names:
         where = "1 = 1"
@@ -128,12 +140,15 @@ def carry_out_next(hosts: Iterable[str] | None = None) -> bool:
         where = f"o.host_id = (SELECT id FROM {HOST} WHERE name = %s)"
     else:
         where = f"h.name IN ({', '.join(['%s'] * len(names)) or 'NULL'})"
+    done = 0
     with transaction.atomic():
-        order = _claimed(where, [] if agency.EVERY_HOST in names else names)
-        if order is None:
-            return False
-        _carried_out(order)
-        return True
+        while done < most:
+            order = _claimed(where, [] if agency.EVERY_HOST in names else names)
+            if order is None:
+                break
+            _carried_out(order)
+            done += 1
+    return done
 
 
 ORDER_FIELDS = ("id", "action", "profile", "start", "layout", "gi_id", "device_uuid", "slice_id", "undoes_id")
@@ -398,11 +413,14 @@ class Executor:
             if self.discover is not None and time.monotonic() - self.discovered_at > DISCOVER_EVERY_S:
                 self.discover()
                 self.discovered_at = time.monotonic()
-            done = 0
-            while not self.stopped.is_set() and (heard == EVERY_ORDER or done < heard):
-                if not carry_out_next(self.hosts):
-                    break
-                done += 1
+            left = heard
+            while not self.stopped.is_set() and left != 0:
+                most = BATCH if left == EVERY_ORDER else min(left, BATCH)
+                done = carry_out_some(self.hosts, most)
+                if done < most:
+                    break  # no more wait
+                if left != EVERY_ORDER:
+                    left -= done
         except Exception:  # the database away, a flushed table: log, and look again at the next wake
             log.exception("agent: carrying out GPU orders failed; trying again")
             close_old_connections()
