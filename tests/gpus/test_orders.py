@@ -282,3 +282,27 @@ def test_a_create_the_device_refuses_fails_the_launch_with_the_devices_reason(gp
     with pytest.raises(orders.OrderFailed, match="memory slice 0 holds a 1g.18gb instance already"):
         orders.wait_for_slice(taken.pk, deadline_s=10)
     assert HostOrder.objects.get(slice=taken).state == Order.FAILED
+
+
+def test_a_burst_of_orders_is_carried_out_a_batch_to_a_transaction(
+    gpu: Gpu,
+    not_the_agent: None,
+    settings,  # type: ignore[no-untyped-def]
+) -> None:
+    """Orders that wait together are carried out up to ``most`` at a time, each batch in one transaction (its
+    rows share the transaction id that wrote them), in the order they were decided."""
+    settings.MAX_SLICES_PER_USER = 5
+    owner = User.objects.create_user("burst")
+    taken = [launched(owner, "1g.18gb") for _ in range(5)]
+    with agency.acting_for(["ord"]):
+        assert orders.carry_out_some(["ord"], most=3) == 3
+        assert HostOrder.objects.filter(state=Order.PENDING).count() == 2
+        assert orders.carry_out_some(["ord"], most=3) == 2
+        assert orders.carry_out_some(["ord"], most=3) == 0
+    assert sorted(on_device(gpu)) == sorted(("1g.18gb", one.placement_start) for one in taken)
+    ids = [HostOrder.objects.get(slice=one, action="create").pk for one in taken]
+    assert all(HostOrder.objects.get(pk=pk).state == Order.DONE for pk in ids)
+    if connection.vendor == "postgresql":
+        written = dict(statements.rows("SELECT id, xmin::text FROM gpus_hostorder WHERE id = ANY(%s)", [ids]))
+        assert len({written[pk] for pk in ids[:3]}) == 1 and len({written[pk] for pk in ids[3:]}) == 1
+        assert written[ids[0]] != written[ids[3]]
