@@ -27,6 +27,7 @@ import os
 import shlex
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -113,6 +114,7 @@ class Lab:
     size: int = 3
     folder: Path = Path("/var/lib/gpu-portal-lab")
     devices: Mapping[str, Iterable[str]] = field(default_factory=dict)
+    relay: Mapping[int, int] = field(default_factory=dict)  # the switch's port -> this machine's 127.0.0.1 port
 
     def __post_init__(self) -> None:
         if not self.name.isalnum() or len(self.name) > 8:
@@ -143,6 +145,7 @@ class Lab:
                 list(pool.map(self._engine, self.nodes))
             self._images(list(images))
             self._swarm()
+            self._relay()
         except BaseException:
             self.down()
             raise
@@ -232,6 +235,31 @@ class Lab:
         for node in self.nodes[1:]:
             node.docker(
                 "swarm", "join", f"--token={token}", f"--advertise-addr={node.address}", f"{first.address}:2377"
+            )
+
+    def _relay(self) -> None:
+        """The way back to this machine's services (tests/lab/relay.py), for the processes inside the hosts."""
+        if not self.relay:
+            return
+        pidfile = self.folder / "relay.pid"
+        ports = [f"{listen}:{to}" for listen, to in sorted(self.relay.items())]
+        command = [sys.executable, "-m", "tests.lab.relay", self.switch, SWITCH_ADDRESS, *ports, f"--pidfile={pidfile}"]
+        with (self.folder / "relay.log").open("ab") as log:
+            relay = subprocess.Popen(command, cwd=ROOT, stdout=log, stderr=log, start_new_session=True)
+        deadline = time.monotonic() + 10
+        while not pidfile.exists():
+            if relay.poll() is not None or time.monotonic() > deadline:
+                raise LabError(f"the relay did not start: {(self.folder / 'relay.log').read_text()[-1000:]}")
+            time.sleep(0.05)
+
+    def start_in(self, node: Node, command: list[str], env: Mapping[str, str], log: Path) -> subprocess.Popen[bytes]:
+        """A process of ``node``'s, inside its namespace (its network only: it sees this machine's files), as a
+        GPU host's agent or render worker runs there; it reaches the portal's services at the switch's address
+        through the relay, so a cut link silences it. Stopped by ``down`` if still running."""
+        wrapped = ["nsenter", f"--net=/run/netns/{node.netns}", "--", *command]
+        with log.open("ab") as out:
+            return subprocess.Popen(
+                wrapped, cwd=ROOT, env=dict(env), stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
             )
 
     # -- state

@@ -1,0 +1,88 @@
+"""Each lab host runs its own GPU agent inside its namespace (issue 32, item 1), reaching the portal's database
+and Redis over its link: the hosts beat, each for itself; a host whose link is cut goes silent and is lost,
+and beats again once the link is mended."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Iterator
+from datetime import timedelta
+
+import pytest
+
+from portal.clock import database_now
+from sessions.gpus import hosts
+from sessions.gpus.backends.simulated import parse_fleet
+from sessions.gpus.models import GpuHost
+from tests.conftest import ARTIFACTS
+from tests.gpus.conftest import use_fleet
+from tests.helpers import processes
+from tests.helpers.waiting import wait_for
+from tests.lab.fleet import fleet_spec
+from tests.lab.lab import SWITCH_ADDRESS, Lab, Node
+
+pytestmark = [
+    pytest.mark.docker,
+    pytest.mark.lab,
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.skipif(processes.test_database_url().startswith("sqlite"), reason="the lab hosts reach PostgreSQL"),
+]
+HEARTBEAT_S = 1
+
+
+def over_the_link(url: str) -> str:
+    """This machine's service address as a lab host reaches it: the switch's address, through the relay."""
+    return url.replace("@127.0.0.1:", f"@{SWITCH_ADDRESS}:").replace("//127.0.0.1:", f"//{SWITCH_ADDRESS}:")
+
+
+def start_agent(lab: Lab, node: Node) -> subprocess.Popen[bytes]:
+    own = "; ".join(part for part in fleet_spec(lab.name).split("; ") if part.startswith(f"{node.name}:"))
+    env = processes.child_env(
+        PORTAL_GPU_BACKEND="simulated",
+        PORTAL_SIMULATED_FLEET=own,
+        PORTAL_HOST_HEARTBEAT_S=str(HEARTBEAT_S),
+        PORTAL_GPU_NODE_ID=node.name,  # a machine of its own (the namespaces share this one's /etc/machine-id)
+    )
+    env.update(DATABASE_URL=over_the_link(env["DATABASE_URL"]), REDIS_URL=over_the_link(env["REDIS_URL"]))
+    command = [sys.executable, "manage.py", "gpu_agent", "--interval-ms", "500", "--no-docker"]
+    return lab.start_in(node, command, env, ARTIFACTS / "logs" / f"lab-agent-{node.name}.log")
+
+
+@pytest.fixture
+def agents(lab: Lab, settings) -> Iterator[dict[str, subprocess.Popen[bytes]]]:  # type: ignore[no-untyped-def]
+    settings.HOST_HEARTBEAT_S, settings.HOST_LOST_AFTER_S = HEARTBEAT_S, 3 * HEARTBEAT_S
+    use_fleet(settings, fleet_spec(lab.name))
+    started = {node.name: start_agent(lab, node) for node in lab.nodes}
+    yield started
+    for process in started.values():
+        processes.stop(process)
+
+
+def beating(name: str) -> bool:
+    host = GpuHost.objects.get(name=name)
+    recent = host.heartbeat_at is not None and database_now() - host.heartbeat_at < timedelta(seconds=2)
+    return recent and host.state == GpuHost.State.UP
+
+
+def lost(name: str) -> bool:
+    hosts.watch()  # what beat does every few seconds
+    return GpuHost.objects.get(name=name).state == GpuHost.State.LOST
+
+
+def test_each_host_beats_from_its_own_namespace_and_a_cut_link_loses_it_until_mended(
+    lab: Lab, agents: dict[str, subprocess.Popen[bytes]]
+) -> None:
+    names = sorted({gpu.host for gpu in parse_fleet(fleet_spec(lab.name))})
+    assert names == [node.name for node in lab.nodes]
+    wait_for(lambda: all(beating(name) for name in names), 60, "every lab host's agent to beat")
+    third = lab.nodes[2]
+    assert {GpuHost.objects.get(name=node.name).node_id for node in lab.nodes} == set(names)
+    lab.cut(third)
+    try:
+        wait_for(lambda: lost(third.name), 30, f"{third.name} to be lost")
+        assert all(beating(node.name) for node in lab.nodes[:2]), "the other hosts beat on"
+        assert agents[third.name].poll() is None, "its agent runs on, cut off"
+    finally:
+        lab.mend(third)
+    wait_for(lambda: beating(third.name), 60, f"{third.name} to beat again once its link is back")
