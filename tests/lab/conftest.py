@@ -1,23 +1,33 @@
 from __future__ import annotations
 
+import subprocess
 from collections.abc import Iterator
 
 import pytest
 from django.conf import settings
 
+from tests.conftest import ROOT, STACK
+from tests.helpers.processes import free_port
 from tests.lab.fleet import devices, fleet_spec
-from tests.lab.lab import Lab
+from tests.lab.lab import TEST_LAB, Lab
 
-TEST_LAB = "gplt"  # not the lab `make lab-up` builds (gpl), so the two never meet
 BUSYBOX = "gpu-portal/busybox:latest"
+NOTEBOOK = "gpu-portal/notebook:latest"
+# The lab hub's ports, inside the switch's namespace; the public one is carried in from this machine's 127.0.0.1.
+LAB_PORTS = {name: free_port() for name in ("public", "hub", "proxy_api")}
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def lab(docker_engine: str) -> Iterator[Lab]:
-    """Three GPU hosts with their own engines in one Swarm, taken down after the module, whatever happened."""
-    built = Lab(TEST_LAB, devices=devices(fleet_spec(TEST_LAB)), relay=services())
+    """Three GPU hosts with their own engines in one Swarm, with the test and notebook images, the relay to this
+    machine's PostgreSQL, Redis and portal, and the lab hub's public port carried in; built once for the run
+    and taken down at its end, whatever happened."""
+    subprocess.run([str(ROOT / "compose/bin/build-notebook-image")], check=True)
+    relay = {**services(), STACK["portal"]: STACK["portal"]}
+    public = {LAB_PORTS["public"]: LAB_PORTS["public"]}
+    built = Lab(TEST_LAB, devices=devices(fleet_spec(TEST_LAB)), relay=relay, relay_into=public)
     built.down()  # whatever an interrupted run left
-    built.up(images=[BUSYBOX])
+    built.up(images=[BUSYBOX, NOTEBOOK])
     yield built
     built.down()
 

@@ -42,6 +42,7 @@ SWITCH_ADDRESS = f"{SUBNET}.1"
 SWARM_POOL = "10.78.0.0/16"  # the Swarm's overlays (ingress, ours)
 ENGINE_POOL = "10.79.0.0/16"  # each engine's local bridges (docker0, docker_gwbridge), inside its namespace
 CGROUP_ROOT = Path("/sys/fs/cgroup")
+TEST_LAB = "gplt"  # the test suite's lab; not the one `make lab-up` builds (gpl), so the two never meet
 
 
 class LabError(RuntimeError):
@@ -115,6 +116,7 @@ class Lab:
     folder: Path = Path("/var/lib/gpu-portal-lab")
     devices: Mapping[str, Iterable[str]] = field(default_factory=dict)
     relay: Mapping[int, int] = field(default_factory=dict)  # the switch's port -> this machine's 127.0.0.1 port
+    relay_into: Mapping[int, int] = field(default_factory=dict)  # this machine's port -> the switch's 127.0.0.1
 
     def __post_init__(self) -> None:
         if not self.name.isalnum() or len(self.name) > 8:
@@ -145,6 +147,7 @@ class Lab:
                 list(pool.map(self._engine, self.nodes))
             self._images(list(images))
             self._swarm()
+            self._ready()
             self._relay()
         except BaseException:
             self.down()
@@ -231,18 +234,29 @@ class Lab:
             "swarm", "init", f"--advertise-addr={first.address}", f"--listen-addr={first.address}:2377",
             f"--default-addr-pool={SWARM_POOL}", "--default-addr-pool-mask-length=24",
         )  # fmt: skip
-        token = first.docker("swarm", "join-token", "-q", "manager").strip()
+        # One manager: a manager cut off and back campaigns, and the Swarm has no leader for some seconds after
+        # (seen here with three); workers come and go without that, as GPU hosts do.
+        token = first.docker("swarm", "join-token", "-q", "worker").strip()
         for node in self.nodes[1:]:
             node.docker(
                 "swarm", "join", f"--token={token}", f"--advertise-addr={node.address}", f"{first.address}:2377"
             )
 
+    def _ready(self) -> None:
+        """Wait for every node to be Ready in the Swarm (each starts Unknown to a manager that just joined)."""
+        deadline = time.monotonic() + 60
+        while (seen := self.swarm_nodes()) != {node.name: "Ready" for node in self.nodes}:
+            if time.monotonic() > deadline:
+                raise LabError(f"the Swarm's nodes are not all ready within 60 s: {seen}")
+            time.sleep(0.2)
+
     def _relay(self) -> None:
         """The way back to this machine's services (tests/lab/relay.py), for the processes inside the hosts."""
-        if not self.relay:
+        if not self.relay and not self.relay_into:
             return
         pidfile = self.folder / "relay.pid"
         ports = [f"{listen}:{to}" for listen, to in sorted(self.relay.items())]
+        ports += [f"--into={listen}:{to}" for listen, to in sorted(self.relay_into.items())]
         command = [sys.executable, "-m", "tests.lab.relay", self.switch, SWITCH_ADDRESS, *ports, f"--pidfile={pidfile}"]
         with (self.folder / "relay.log").open("ab") as log:
             relay = subprocess.Popen(command, cwd=ROOT, stdout=log, stderr=log, start_new_session=True)
@@ -252,29 +266,30 @@ class Lab:
                 raise LabError(f"the relay did not start: {(self.folder / 'relay.log').read_text()[-1000:]}")
             time.sleep(0.05)
 
-    def start_in(self, node: Node, command: list[str], env: Mapping[str, str], log: Path) -> subprocess.Popen[bytes]:
+    def start_in(
+        self, node: Node | None, command: list[str], env: Mapping[str, str], log: Path, cwd: Path = ROOT
+    ) -> subprocess.Popen[bytes]:
         """A process of ``node``'s, inside its namespace (its network only: it sees this machine's files), as a
         GPU host's agent or render worker runs there; it reaches the portal's services at the switch's address
-        through the relay, so a cut link silences it. Stopped by ``down`` if still running."""
-        wrapped = ["nsenter", f"--net=/run/netns/{node.netns}", "--", *command]
+        through the relay, so a cut link silences it. ``node`` None: in the switch's namespace, where the hub
+        runs, reached by every host. Stopped by ``down`` if still running."""
+        netns = self.switch if node is None else node.netns
+        wrapped = ["nsenter", f"--net=/run/netns/{netns}", "--", *command]
         with log.open("ab") as out:
             return subprocess.Popen(
-                wrapped, cwd=ROOT, env=dict(env), stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+                wrapped, cwd=cwd, env=dict(env), stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
             )
 
     # -- state
 
     def swarm_nodes(self) -> dict[str, str]:
-        """Each Swarm node's hostname and state, as the first manager that answers sees them."""
-        for node in self.nodes:
-            try:  # a manager cut off, or one waiting for a new leader, may not answer for a while
-                listed = node.docker("node", "ls", "--format", "{{json .}}", check=False, timeout=5)
-            except LabError:
-                continue
-            if listed.strip():
-                rows = [json.loads(line) for line in listed.splitlines() if line.strip()]
-                return {row["Hostname"]: row["Status"] for row in rows}
-        return {}
+        """Each Swarm node's hostname and state, as the manager sees them (empty while it does not answer)."""
+        try:
+            listed = self.manager.docker("node", "ls", "--format", "{{json .}}", check=False, timeout=5)
+        except LabError:
+            return {}
+        rows = [json.loads(line) for line in listed.splitlines() if line.strip().startswith("{")]
+        return {row["Hostname"]: row["Status"] for row in rows}
 
     def node(self, name: str) -> Node:
         for node in self.nodes:
@@ -287,7 +302,9 @@ class Lab:
         run("ip", "-n", self.switch, "link", "set", f"port{node.index}", "down")
 
     def mend(self, node: Node) -> None:
+        """Put the cable back; returns once the Swarm has the host back (Ready)."""
         run("ip", "-n", self.switch, "link", "set", f"port{node.index}", "up")
+        self._ready()
 
     # -- down
 
