@@ -112,6 +112,8 @@ app.conf.beat_schedule = {
     "portal-heartbeat": {"task": "portal.tasks.record_heartbeat", "schedule": 60.0},
     # A host whose agent went silent for PORTAL_HOST_LOST_AFTER_S is lost within this much more.
     "watch-hosts": {"task": "sessions.gpus.tasks.watch_hosts", "schedule": 10.0},
+    # Each host's Swarm node as a manager sees it, for the fleet pages (nothing without PORTAL_SWARM_MANAGER).
+    "watch-swarm": {"task": "sessions.runtime.tasks.watch_swarm", "schedule": 10.0},
     "reconcile-sessions": {"task": "sessions.notebooks.tasks.reconcile_sessions", "schedule": 20.0},
     "cull-idle-sessions": {"task": "sessions.notebooks.tasks.cull_idle_sessions", "schedule": 60.0},
     "preempt-due-spot": {"task": "sessions.notebooks.tasks.preempt_due_spot", "schedule": 15.0},

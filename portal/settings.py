@@ -392,6 +392,9 @@ def _user_network() -> UserNetwork:
 USER_NETWORK = _user_network()
 # The Docker engine of each GPU host that is not this machine (sessions/runtime/engines.py): host=endpoint; ...
 DOCKER_ENGINES = engine_config.parse(env.text("PORTAL_DOCKER_ENGINES", ""))
+# A Swarm manager's Docker endpoint, where the hub's Swarm spawner asks for services and the fleet pages read
+# each host's node (sessions/runtime/swarm.py); empty: no Swarm.
+SWARM_MANAGER = env.text("PORTAL_SWARM_MANAGER", "")
 
 
 def _check_fleet() -> None:

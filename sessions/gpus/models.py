@@ -52,6 +52,17 @@ class GpuHost(models.Model):
     )
     cpus = models.PositiveIntegerField(null=True, blank=True, help_text="CPUs the agent found on the host.")
     memory_mib = models.PositiveBigIntegerField(null=True, blank=True, help_text="Memory the agent found.")
+    # What the Swarm says of the host's machine (sessions.runtime.swarm), when the portal runs on one.
+    swarm_node = models.CharField(
+        max_length=40, blank=True, db_default="", help_text="Its Swarm node's id; empty: not seen in the Swarm."
+    )
+    swarm_state = models.CharField(
+        max_length=20, blank=True, db_default="", help_text="Its Swarm node's state (ready, down, ...)."
+    )
+    swarm_availability = models.CharField(
+        max_length=10, blank=True, db_default="", help_text="Its Swarm node's availability (active, pause, drain)."
+    )
+    swarm_seen_at = models.DateTimeField(null=True, blank=True, help_text="When a Swarm manager last said so.")
 
     class Meta:
         ordering = ["name"]
