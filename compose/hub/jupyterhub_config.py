@@ -23,9 +23,19 @@ NETWORK = from_environ(os.environ)
 PROXY_API_PORT = env.integer("PORTAL_PROXY_API_PORT", 8001, minimum=1)
 SERVICE_TOKEN = env.text("PORTAL_HUB_SERVICE_TOKEN", "") or (DATA / "hub_service_token").read_text().strip()
 
+# Where notebook servers reach the hub: the user network's gateway on one host; across a Swarm, an address of
+# the hub's machine that every GPU host routes to (PORTAL_HUB_BIND_URL).
+HUB_URL = env.text("PORTAL_HUB_BIND_URL", NETWORK.hub_url).rstrip("/")
+# docker: each notebook a container on its host's engine; swarm: a service pinned to its host's Swarm node.
+SPAWNER = env.choice(
+    "PORTAL_HUB_SPAWNER",
+    "docker",
+    {"docker": "sessions.notebooks.spawner.PortalSpawner", "swarm": "sessions.notebooks.spawner.PortalSwarmSpawner"},
+)
+
 c.JupyterHub.bind_url = f"{PUBLIC}/jupyter/"
-c.JupyterHub.hub_bind_url = NETWORK.hub_url
-c.JupyterHub.hub_connect_url = NETWORK.hub_url
+c.JupyterHub.hub_bind_url = HUB_URL
+c.JupyterHub.hub_connect_url = HUB_URL
 c.JupyterHub.db_url = f"sqlite:///{HUB_DATA / 'jupyterhub.sqlite'}"
 c.JupyterHub.cookie_secret_file = str(HUB_DATA / "cookie_secret")
 c.JupyterHub.pid_file = str(HUB_DATA / "jupyterhub.pid")
@@ -88,7 +98,8 @@ c.JupyterHub.load_roles = [
     }
 ]
 
-c.JupyterHub.spawner_class = "sessions.notebooks.spawner.PortalSpawner"
+c.JupyterHub.spawner_class = SPAWNER
+c.PortalSwarmSpawner.swarm_manager = env.text("PORTAL_SWARM_MANAGER", "")  # empty: the hub's own engine
 c.PortalSpawner.portal_url = PORTAL
 c.PortalSpawner.portal_token = SERVICE_TOKEN
 c.PortalSpawner.image = "gpu-portal/notebook:latest"

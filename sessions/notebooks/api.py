@@ -72,6 +72,7 @@ def spec(session: NotebookSession) -> dict[str, Any]:
         "session": session.pk,
         "container": container.to_json(),
         "sized_for_host": host.name if host.cpus else "",
+        "host": host.name,  # its Swarm node's hostname, where the hub's spawner runs services
         "engine": engines.endpoint_of(host.name),  # "": the hub's own engine
         "environment": {"GPU_PORTAL_SESSION": str(session.pk), "GPU_PORTAL_SLICE": taken.describe()},
         "volume": WorkVolume.for_owner(session.owner_id).name,

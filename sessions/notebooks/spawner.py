@@ -17,7 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, ClassVar
 
 import requests
-from dockerspawner import DockerSpawner
+from dockerspawner import DockerSpawner, SwarmSpawner
 from tornado import web
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError
 from traitlets import Float, Integer, Unicode
@@ -79,11 +79,14 @@ class PortalSpawner(DockerSpawner):
     @property
     def client(self) -> Any:
         """The Docker engine of the slice's host (DockerSpawner's one client for the hub's own engine)."""
-        if not self.engine:
+        return self._client_of(self.engine)
+
+    def _client_of(self, endpoint: str) -> Any:
+        if not endpoint:
             return super().client
-        found = self._engines.get(self.engine)
+        found = self._engines.get(endpoint)
         if found is None:
-            found = self._engines[self.engine] = api_client(self.engine, **self.client_kwargs)
+            found = self._engines[endpoint] = api_client(endpoint, **self.client_kwargs)
         return found
 
     def get_state(self) -> dict[str, Any]:
@@ -165,7 +168,10 @@ class PortalSpawner(DockerSpawner):
         except requests.RequestException as error:
             raise web.HTTPError(503, f"The portal did not answer: {error}") from None
         if response.status_code != 200:
-            message = response.json().get("error", response.text[:200])
+            try:
+                message = str(response.json().get("error", response.text[:200]))
+            except ValueError:  # not the portal's JSON: a proxy's page, a host the portal does not serve
+                message = f"the portal answered {response.status_code}: {response.text[:200]}"
             raise web.HTTPError(response.status_code, message)
         return dict(response.json())
 
@@ -289,3 +295,146 @@ class PortalSpawner(DockerSpawner):
         if session_id:
             self.session_id = session_id
             self._report_soon("stopped", **self._end)
+
+
+SWARM_ENDED = {"complete", "shutdown", "failed", "rejected", "orphaned", "remove"}
+
+
+class PortalSwarmSpawner(PortalSpawner, SwarmSpawner):
+    """The notebook server as a Swarm service pinned to the node of the host the allocator chose (issue 32):
+    the same launch spec, limits, labels and reports as ``PortalSpawner``'s containers, with what a service
+    cannot carry on Docker 20.10 made up for (``ContainerSpec.service_parts``). Swarm never restarts it (the
+    portal decides); the wait for its task neither backs off nor takes a rejected task for a pending one.
+
+    The server's port is published on its node's own address (host mode), where the hub's proxy reaches it:
+    the hub need not be a task on an overlay, only routed to the nodes. Services are asked of a Swarm manager
+    (``swarm_manager``); the container's own moments (start, end, exit code) of the host's engine, as the
+    launch spec names it."""
+
+    swarm_manager = Unicode("", help="A Swarm manager's Docker endpoint; empty: the hub's own engine.").tag(config=True)
+    task_poll_interval = Float(0.1, help="Seconds between looks at the service's task while it starts.").tag(
+        config=True
+    )
+    host = ""  # the GPU host, which is its Swarm node's hostname
+
+    @property
+    def client(self) -> Any:
+        return self._client_of(self.swarm_manager)
+
+    def _apply(self, launch: dict[str, Any]) -> None:
+        super()._apply(launch)
+        self.host = str(launch["host"])
+        parts = ContainerSpec.from_json(launch["container"]).service_parts()
+        self.environment = {**self.environment, **parts["env"]}
+        self.extra_container_spec = parts["container"]
+        limits = {"NanoCPUs": parts["resources"]["cpu_limit"], "MemoryBytes": parts["resources"]["mem_limit"]}
+        self.extra_task_spec = {
+            "resources": {"Limits": {**limits, "Pids": parts["pids"]}},
+            "restart_policy": {"Condition": "none"},
+            "log_driver": {"Name": parts["log_driver"]["name"], "Options": parts["log_driver"]["options"]},
+        }
+        self.extra_endpoint_spec = {"ports": [{"TargetPort": self.port, "Protocol": "tcp", "PublishMode": "host"}]}
+        self.network_name, self.use_internal_ip = "", False  # the node's own bridge; the port on its address
+
+    @property
+    def mounts(self) -> list[dict[str, Any]]:
+        return [
+            {"Type": "volume", "Source": source, "Target": bind["bind"]} for source, bind in self.volume_binds.items()
+        ]
+
+    def get_state(self) -> dict[str, Any]:
+        state = super().get_state()
+        if self.session_id:
+            state.update(host=self.host)
+        return state
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        super().load_state(state)
+        self.host = str(state.get("host", ""))
+        self.use_internal_ip = False
+
+    async def create_object(self) -> Any:
+        self.extra_placement_spec = {"constraints": [f"node.id=={await self._node_id()}"]}
+        return await super().create_object()
+
+    async def _node_id(self) -> str:
+        """The Swarm node whose hostname is the host's, if it can take work; else why not, naming it."""
+        nodes = [n for n in await self.docker("nodes") if n["Description"]["Hostname"] == self.host]
+        if not nodes:
+            raise RuntimeError(f"No Swarm node is named {self.host}: the GPU host is not in the Swarm.")
+        node = nodes[0]
+        state, availability = node["Status"]["State"], node["Spec"].get("Availability", "active")
+        if state in ("down", "disconnected") or availability != "active":  # "unknown": a manager just elected
+            raise RuntimeError(f"The Swarm node {self.host} is {state} and {availability}: it takes no new work.")
+        return str(node["ID"])
+
+    async def start_object(self) -> None:
+        deadline = time.monotonic() + self.start_timeout
+        while True:
+            task = await self.get_task()
+            if task is None:
+                raise RuntimeError(f"The service {self.service_name} has no task.")
+            status = task["Status"]
+            if status["State"] == "running":
+                return
+            if status["State"] in SWARM_ENDED:
+                why = status.get("Err") or status.get("Message") or status["State"]
+                raise RuntimeError(f"Swarm did not start the server on {self.host} ({status['State']}): {why}")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"The server's task on {self.host} did not run within {self.start_timeout} s")
+            await asyncio.sleep(self.task_poll_interval)
+
+    async def get_ip_and_port(self) -> tuple[str, int]:
+        task = await self.get_task()
+        if task is None:
+            raise RuntimeError(f"The service {self.service_name} has no task.")
+        ports = task["Status"].get("PortStatus", {}).get("Ports", [])
+        published = [p["PublishedPort"] for p in ports if p.get("TargetPort") == self.port]
+        if not published:
+            raise RuntimeError(f"The service {self.service_name} publishes no port for {self.port}.")
+        node = await self.docker("inspect_node", task["NodeID"])
+        return str(node["Status"]["Addr"]), int(published[0])
+
+    async def _task_container(self) -> str:
+        task = await self.get_task() if self.service_id else None
+        return str((task or {}).get("Status", {}).get("ContainerStatus", {}).get("ContainerID", ""))
+
+    async def _started_at(self) -> dict[str, Any]:
+        """The start as the portal hears of it: the engine's moment and the task's container (not the service)."""
+        return {**await super()._started_at(), "container_id": await self._task_container()}
+
+    async def _container_state(self) -> dict[str, Any]:
+        """The task's container as its host's engine records it (the engine's moments, as billing wants)."""
+        container = await self._task_container()
+        if not container:
+            return {}
+        try:
+            found = await asyncio.wrap_future(
+                self.executor.submit(self._client_of(self.engine).inspect_container, container)
+            )
+        except Exception as error:  # gone already: the portal reads the engine's event log instead
+            self.log.info("could not inspect %s on %s: %s", container[:12], self.host, error)
+            return {}
+        return dict(found.get("State", {}))
+
+    async def stop_object(self) -> None:
+        """Stop the task and wait for its end (a service has no stop of its own: none wanted, it is ended), so
+        its container's end can be read before ``remove_object`` removes the service with it."""
+        if self.service_id:
+            service = await self.get_object()
+            if service is not None:
+                version = service["Version"]["Index"]
+                await self.docker(
+                    "update_service",
+                    self.service_id,
+                    version,
+                    mode={"Replicated": {"Replicas": 0}},
+                    fetch_current_spec=True,
+                )
+                deadline = time.monotonic() + 30
+                while time.monotonic() < deadline:
+                    task = await self.get_task()
+                    if task is None or task["Status"]["State"] in SWARM_ENDED:
+                        break
+                    await asyncio.sleep(self.task_poll_interval)
+        await super().stop_object()

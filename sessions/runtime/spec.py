@@ -99,6 +99,24 @@ class ContainerSpec:
             config["sysctls"] = dict(NO_IPV6)
         return config
 
+    def service_parts(self) -> dict[str, Any]:
+        """The same container as a Swarm service's task, in docker-py's words (``ContainerSpec`` and
+        ``Resources`` keyword arguments, the log driver, the environment to add, the pids limit that docker-py's
+        ``Resources`` has no argument for). Docker 20.10's services cannot carry device requests: the slice goes
+        in ``NVIDIA_VISIBLE_DEVICES``, which the node's default runtime (NVIDIA's) turns into the device; nor
+        ``no-new-privileges`` (services have it from Docker 25): made up for by no capabilities at all and the
+        image's unprivileged user, so there is no privilege to gain."""
+        container: dict[str, Any] = {"cap_drop": list(HARDENING["cap_drop"]), "labels": dict(self.labels)}
+        if self.network != NO_NETWORK:
+            container["sysctls"] = dict(NO_IPV6)
+        return {
+            "container": container,
+            "resources": {"cpu_limit": int(self.limits.cpus * 1e9), "mem_limit": self.limits.memory_bytes},
+            "pids": self.limits.pids,
+            "log_driver": {"name": "json-file", "options": self.logs.log_config()["config"]},
+            "env": {"NVIDIA_VISIBLE_DEVICES": ",".join(self.device_ids)},
+        }
+
     def within_host(self, host_cpus: int | None, host_memory_bytes: int | None = None) -> ContainerSpec:
         """The spec with its limits cut to what its host has (``Limits.at_most``)."""
         return replace(self, limits=self.limits.at_most(host_cpus, host_memory_bytes))

@@ -41,7 +41,10 @@ GONE_ENGINE = "unix:///nonexistent/gpu-portal-far/docker.sock"
 
 
 def child_env(**extra: str) -> dict[str, str]:
-    engines = {**settings.DOCKER_ENGINES, ENGINE_GONE_HOST: GONE_ENGINE}
+    from tests.lab.lab import TEST_LAB, Lab
+
+    lab_engines = {node.name: node.endpoint for node in Lab(TEST_LAB).nodes}  # its hosts' engines, when it is up
+    engines = {**settings.DOCKER_ENGINES, ENGINE_GONE_HOST: GONE_ENGINE, **lab_engines}
     env = dict(os.environ)
     env.update(
         DATABASE_URL=test_database_url(),

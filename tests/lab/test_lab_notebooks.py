@@ -1,0 +1,144 @@
+"""Notebooks on the chosen host through Swarm (issue 32, item 2), on the lab: the portal launches a session,
+its Celery worker asks the hub, the hub (inside the lab, in the switch's namespace, with its proxy) starts the
+server through our Swarm spawner as a service pinned by node id to the host the allocator chose, JupyterLab
+answers through the one public address, and the stop ends it with the engine's moments."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+
+import pytest
+import requests
+from django.contrib.auth.models import User
+
+from portal.celery import app
+from sessions.gpus.allocator import SliceRequest
+from sessions.gpus.models import Slice
+from sessions.notebooks.hub import Hub
+from sessions.notebooks.models import NotebookImage, NotebookSession
+from sessions.notebooks.services import Launch, start_session, stop_session
+from sessions.runtime.times import engine_time
+from tests.conftest import ARTIFACTS, ROOT, RUN_ID, STACK
+from tests.gpus.conftest import use_fleet
+from tests.helpers import processes
+from tests.helpers.waiting import state_of, wait_for
+from tests.lab.conftest import LAB_PORTS
+from tests.lab.fleet import fleet_spec
+from tests.lab.lab import SWITCH_ADDRESS, TEST_LAB, Lab
+
+pytestmark = [
+    pytest.mark.docker,
+    pytest.mark.hub,
+    pytest.mark.celery,
+    pytest.mark.lab,
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.skipif(processes.test_database_url().startswith("sqlite"), reason="the lab hosts reach PostgreSQL"),
+]
+LAB_QUEUE = f"lab-{RUN_ID}"
+
+
+@pytest.fixture(scope="module")
+def lab_hub(lab: Lab, hub_stack: object, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """JupyterHub and its proxy inside the lab (the switch's namespace), spawning through Swarm; yields the
+    public address, which is this machine's 127.0.0.1."""
+    data = tmp_path_factory.mktemp("lab-hub")
+    public = f"http://127.0.0.1:{LAB_PORTS['public']}"
+    env = processes.child_env(
+        PORTAL_PUBLIC_URL=public,
+        PORTAL_INTERNAL_URL=f"http://127.0.0.1:{STACK['portal']}",  # the relay, on the switch's own loopback
+        PORTAL_PROXY_API_PORT=str(LAB_PORTS["proxy_api"]),
+        PORTAL_HUB_DATA_DIR=str(data),
+        PORTAL_HUB_BIND_URL=f"http://{SWITCH_ADDRESS}:{LAB_PORTS['hub']}",
+        PORTAL_HUB_SPAWNER="swarm",
+        PORTAL_SWARM_MANAGER=lab.manager.endpoint,
+        PYTHONPATH=str(ROOT),
+    )
+    command = [str(processes.BIN / "jupyterhub"), "-f", str(ROOT / "compose/hub/jupyterhub_config.py")]
+    hub = lab.start_in(None, command, env, ARTIFACTS / "logs" / "lab-jupyterhub.log", cwd=data)
+    processes.ready_or_stopped(hub, lambda: processes.answers_200(f"{public}/jupyter/hub/api/"), 90, "the lab's hub")
+    yield public
+    processes.stop(hub)
+
+
+@pytest.fixture(scope="module")
+def lab_worker(lab_hub: str) -> Iterator[str]:
+    """A Celery worker of the portal's that calls the lab's hub, on a queue of its own."""
+    name = f"lab-{RUN_ID}@127.0.0.1"
+    worker = processes.start_celery_worker(
+        name,
+        ARTIFACTS / "logs" / "lab-celery-worker.log",
+        PORTAL_CELERY_QUEUE=LAB_QUEUE,
+        PORTAL_HUB_API_URL=f"{lab_hub}/jupyter/hub/api",
+    )
+    yield name
+    processes.stop(worker)
+
+
+@pytest.fixture
+def through_the_lab(lab_worker: str, settings) -> Iterator[None]:  # type: ignore[no-untyped-def]
+    """This test's launches and stops go to the lab's worker (the portal's default queue, for this test)."""
+    settings.HUB_API_URL = f"http://127.0.0.1:{LAB_PORTS['public']}/jupyter/hub/api"
+    default = app.conf.task_default_queue
+    app.conf.task_default_queue = LAB_QUEUE
+    yield
+    app.conf.task_default_queue = default
+
+
+def test_a_session_runs_as_a_swarm_service_on_the_host_the_allocator_chose(
+    lab: Lab, lab_hub: str, through_the_lab: None, notebook_image: NotebookImage, alice: User, settings
+) -> None:  # type: ignore[no-untyped-def]
+    use_fleet(settings, fleet_spec(TEST_LAB))
+    host = lab.nodes[1]  # not the manager: the service is pinned there by node id
+    session = start_session(alice, Launch(SliceRequest("whole", model="L4", host=host.name), notebook_image.pk, "far"))
+    wait_for(
+        lambda: state_of(session) in (NotebookSession.State.RUNNING, NotebookSession.State.FAILED), 180, "the launch"
+    )
+    assert state_of(session) == NotebookSession.State.RUNNING, session.failure_detail
+    assert session.slice_id is not None
+    taken = Slice.objects.get(pk=session.slice_id)
+
+    manager = lab.manager
+    [service_id] = manager.docker(
+        "service", "ls", "-q", "--filter", f"label=gpu-portal.session={session.pk}"
+    ).split() or [""]
+    assert service_id, "the server is a Swarm service"
+    service = json.loads(manager.docker("service", "inspect", service_id))[0]["Spec"]
+    node_id = manager.docker("node", "inspect", host.name, "--format", "{{.ID}}").strip()
+    task = service["TaskTemplate"]
+    assert task["Placement"]["Constraints"] == [f"node.id=={node_id}"]
+    assert task["RestartPolicy"]["Condition"] == "none", "Swarm never restarts it: the portal decides"
+    assert task["Resources"]["Limits"]["Pids"] > 0 and task["Resources"]["Limits"]["NanoCPUs"] > 0
+    assert task["ContainerSpec"]["CapabilityDrop"] == ["ALL"]
+    assert f"NVIDIA_VISIBLE_DEVICES={taken.device_uuid}" in task["ContainerSpec"]["Env"]
+
+    # The container runs on the chosen host's own engine, as the image's unprivileged user.
+    [container_id] = host.docker("ps", "-q", "--filter", f"label=gpu-portal.session={session.pk}").split()
+    state = json.loads(host.docker("inspect", container_id))[0]
+    assert state["Config"]["User"] in ("", "1000", "jovyan") and state["HostConfig"]["CapDrop"] == ["ALL"]
+    started = engine_time(state["State"]["StartedAt"])
+    assert session.container_started_at is not None and started is not None
+    assert abs((session.container_started_at - started).total_seconds()) < 2
+
+    status = Hub().servers(alice.username)["far"]
+    wait_for(lambda: Hub().servers(alice.username)["far"].ready, 30, "the hub to mark the server ready")
+    answer = requests.get(f"{lab_hub}{status.url}api", timeout=10, allow_redirects=False)
+    assert answer.status_code in (200, 302), "JupyterLab answers through the one public address"
+
+    stop_session(session.pk, by=alice)
+    wait_for(lambda: state_of(session) == NotebookSession.State.STOPPED, 90, "the session to stop")
+    assert manager.docker("service", "ls", "-q", "--filter", f"label=gpu-portal.session={session.pk}").split() == []
+    assert session.container_gone_at is not None and session.container_gone_at >= session.container_started_at
+    assert not Slice.objects.get(pk=taken.pk).active
+
+
+def test_a_server_asking_for_a_host_that_is_not_in_the_swarm_fails_with_the_reason(
+    lab: Lab, lab_hub: str, through_the_lab: None, notebook_image: NotebookImage, alice: User, settings
+) -> None:  # type: ignore[no-untyped-def]
+    use_fleet(settings, f"{TEST_LAB}-n9: 1xL4:whole")  # a GPU host whose machine never joined the Swarm
+    session = start_session(
+        alice, Launch(SliceRequest("whole", model="L4", host=f"{TEST_LAB}-n9"), notebook_image.pk, "nowhere")
+    )
+    wait_for(lambda: state_of(session) == NotebookSession.State.FAILED, 90, "the launch to fail")
+    assert f"No Swarm node is named {TEST_LAB}-n9" in session.failure_detail
+    assert session.slice_id is not None and not Slice.objects.get(pk=session.slice_id).active
