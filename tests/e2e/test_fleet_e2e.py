@@ -7,12 +7,13 @@ from collections.abc import Iterator
 
 import pytest
 from django.contrib.auth.models import User
+from django.utils import timezone
 from playwright.sync_api import Page, expect
 
 from sessions.gpus.allocator import SliceRequest, allocate
 from sessions.gpus.backends import get_backend
 from sessions.gpus.holders import Holder
-from sessions.gpus.models import Gpu
+from sessions.gpus.models import Gpu, GpuHost
 from tests.e2e.conftest import log_in
 from tests.gpus.conftest import use_fleet
 
@@ -90,3 +91,28 @@ def test_an_operator_drains_a_host_and_brings_it_back(
     host.get_by_role("button", name="Take new work again").click()
     expect(host.locator("[data-host-state]")).to_have_text("Up")
     expect(host.get_by_role("button", name="Drain")).to_be_visible()
+
+
+def test_an_operator_sees_each_hosts_swarm_node_beside_its_heartbeat(
+    portal_server: str,
+    page: Page,
+    staff: User,
+    settings,  # type: ignore[no-untyped-def]
+) -> None:
+    use_fleet(settings, "sim-1: 1xH200:mig; sim-2: 1xL4:whole; sim-3: 1xL4:whole")
+    # As the Swarm watch records them (sessions/runtime/swarm.py, tried on the lab in tests/lab/test_lab.py).
+    seen = timezone.now()
+    GpuHost.objects.filter(name="sim-1").update(
+        swarm_node="p4x2kqa7d9m1", swarm_state="ready", swarm_availability="active", swarm_seen_at=seen
+    )
+    GpuHost.objects.filter(name="sim-2").update(
+        swarm_node="z8c3hw0e5b6n", swarm_state="down", swarm_availability="active", swarm_seen_at=seen
+    )
+    GpuHost.objects.filter(name="sim-3").update(swarm_seen_at=seen)  # no node has its name
+    log_in(page, portal_server, "charlie")
+    page.goto(f"{portal_server}/sessions/fleet/")
+    expect(page.get_by_role("region", name="sim-1").locator("[data-swarm-state].good")).to_have_text("ready, active")
+    expect(page.get_by_role("region", name="sim-2").locator("[data-swarm-state].bad")).to_have_text("down, active")
+    expect(page.get_by_role("region", name="sim-3")).to_contain_text("not in the Swarm")
+    page.screenshot(path="artifacts/screenshots/fleet-swarm.png", full_page=True)
+    get_backend.cache_clear()
