@@ -26,7 +26,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from sessions.runtime.network import UserNetwork
+from sessions.runtime.network import HostBridge, UserNetwork
 
 
 class FirewallError(RuntimeError):
@@ -37,11 +37,12 @@ class FirewallError(RuntimeError):
 class Chains:
     inbound: str
     outbound: str
+    published: str
 
 
 def chains_for(network: UserNetwork) -> Chains:
     tag = hashlib.sha256(network.bridge.encode()).hexdigest()[:8].upper()
-    return Chains(inbound=f"GPU-PORTAL-IN-{tag}", outbound=f"GPU-PORTAL-OUT-{tag}")
+    return Chains(f"GPU-PORTAL-IN-{tag}", f"GPU-PORTAL-OUT-{tag}", f"GPU-PORTAL-PUB-{tag}")
 
 
 def host_resolvers(resolv_conf: Path = Path("/etc/resolv.conf")) -> list[str]:
@@ -64,9 +65,14 @@ def host_resolvers(resolv_conf: Path = Path("/etc/resolv.conf")) -> list[str]:
 
 
 def inbound_rules(network: UserNetwork, chain: str) -> list[str]:
+    hub = (
+        []
+        if isinstance(network, HostBridge)
+        else [f"-A {chain} -p tcp -d {network.gateway} --dport {network.hub_port} -j ACCEPT"]
+    )
     return [
         f"-A {chain} -m conntrack --ctstate ESTABLISHED,RELATED -j ACCEPT",
-        f"-A {chain} -p tcp -d {network.gateway} --dport {network.hub_port} -j ACCEPT",
+        *hub,  # on a Swarm host the hub is elsewhere: nothing of the host itself answers its containers
         f"-A {chain} -p tcp -j REJECT --reject-with tcp-reset",
         f"-A {chain} -j REJECT --reject-with icmp-admin-prohibited",
     ]
@@ -74,11 +80,28 @@ def inbound_rules(network: UserNetwork, chain: str) -> list[str]:
 
 def outbound_rules(network: UserNetwork, chain: str, resolvers: list[str]) -> list[str]:
     refuse = "-j REJECT --reject-with icmp-admin-prohibited"
+    rules = []
+    if isinstance(network, HostBridge):  # replies to the hub's proxy, and the hub itself, across the hosts' network
+        rules += [
+            f"-A {chain} -m conntrack --ctstate ESTABLISHED,RELATED -j RETURN",
+            f"-A {chain} -p tcp -d {network.hub_address} --dport {network.hub_port} -j RETURN",
+        ]
     if not network.internet:
-        return [f"-A {chain} {refuse}"]
-    rules = [f"-A {chain} -p {proto} -d {ip} --dport 53 -j RETURN" for ip in resolvers for proto in ("udp", "tcp")]
+        return [*rules, f"-A {chain} {refuse}"]
+    rules += [f"-A {chain} -p {proto} -d {ip} --dport 53 -j RETURN" for ip in resolvers for proto in ("udp", "tcp")]
     rules += [f"-A {chain} -d {blocked} {refuse}" for blocked in network.blocked]
     return [*rules, f"-A {chain} -j RETURN"]
+
+
+def published_rules(network: HostBridge, chain: str) -> list[str]:
+    """New connections into a Swarm host's containers (the ports their tasks publish on the host's address):
+    from the hub's machine (its proxy) only."""
+    return [
+        f"-A {chain} -m conntrack --ctstate ESTABLISHED,RELATED -j RETURN",
+        f"-A {chain} -s {network.hub_address} -j RETURN",
+        f"-A {chain} -p tcp -j REJECT --reject-with tcp-reset",
+        f"-A {chain} -j REJECT --reject-with icmp-admin-prohibited",
+    ]
 
 
 class Firewall:
@@ -91,17 +114,23 @@ class Firewall:
             ("INPUT", f"-i {network.bridge} -j {self.chains.inbound}"),
             ("DOCKER-USER", f"-i {network.bridge} -j {self.chains.outbound}"),
         ]
+        if isinstance(network, HostBridge):
+            self.hooks.append(("DOCKER-USER", f"-o {network.bridge} -j {self.chains.published}"))
         self.hooks6 = [("INPUT", f"-i {network.bridge} -j DROP"), ("FORWARD", f"-i {network.bridge} -j DROP")]
 
     def apply(self) -> None:
         """Write both chains in one transaction, then hook them in first (idempotent)."""
-        chains = self.chains
+        chains, network = self.chains, self.network
+        published = []
+        if isinstance(network, HostBridge):
+            published = [f":{chains.published} - [0:0]", *published_rules(network, chains.published)]
         script = [
             "*filter",
             f":{chains.inbound} - [0:0]",
             f":{chains.outbound} - [0:0]",
-            *inbound_rules(self.network, chains.inbound),
-            *outbound_rules(self.network, chains.outbound, host_resolvers()),
+            *inbound_rules(network, chains.inbound),
+            *outbound_rules(network, chains.outbound, host_resolvers()),
+            *published,
             "COMMIT",
             "",
         ]
@@ -125,14 +154,14 @@ class Firewall:
             for chain, rule in self.hooks6:
                 while self._has("ip6tables", chain, rule):
                     self._run("ip6tables", ["-w", "-D", chain, *rule.split()])
-        for name in (self.chains.inbound, self.chains.outbound):
+        for name in (self.chains.inbound, self.chains.outbound, self.chains.published):
             self._run("iptables", ["-w", "-F", name], ok_if_fails=True)
             self._run("iptables", ["-w", "-X", name], ok_if_fails=True)
 
     def rules(self) -> str:
         """The two chains as iptables prints them, for operators and tests."""
-        chains = (self.chains.inbound, self.chains.outbound)
-        return "".join(self._run("iptables", ["-w", "-S", name]) or "" for name in chains)
+        chains = (self.chains.inbound, self.chains.outbound, self.chains.published)
+        return "".join(self._run("iptables", ["-w", "-S", name], ok_if_fails=True) or "" for name in chains)
 
     def _hook(self, tool: str, chain: str, rule: str) -> None:
         if not self._has(tool, chain, rule):

@@ -71,6 +71,43 @@ class UserNetwork:
         return f"http://{self.gateway}:{self.hub_port}"
 
 
+@dataclass(frozen=True)
+class HostBridge(UserNetwork):
+    """A Swarm GPU host's own container bridge (``docker0``), where its notebook tasks run (issue 32). The hub
+    is not on it but at ``hub_address`` (the hub's machine, reached through the host's routes), and its proxy
+    reaches the servers there at the ports they publish on the host's address."""
+
+    interface: str = "docker0"
+    hub_address: str = ""
+
+    @property
+    def bridge(self) -> str:
+        return self.interface
+
+    @property
+    def hub_url(self) -> str:
+        return f"http://{self.hub_address}:{self.hub_port}"
+
+
+def host_bridge(network: UserNetwork, hub_url: str, interface: str = "docker0") -> HostBridge:
+    """The fence of a Swarm host's bridge for the hub at ``hub_url`` (PORTAL_HUB_BIND_URL), with the user
+    network's internet and blocked ranges; NetworkSpecError if the URL names no IPv4 address and port."""
+    match = re.fullmatch(r"https?://(?P<host>[0-9.]+):(?P<port>\d+)/?", hub_url.strip())
+    if not match:
+        raise NetworkSpecError(
+            f"PORTAL_HUB_BIND_URL must be http://ADDRESS:PORT with an IPv4 address (got {hub_url!r})."
+        )
+    try:
+        address = ipaddress.IPv4Address(match["host"])
+    except ValueError as error:
+        raise NetworkSpecError(f"PORTAL_HUB_BIND_URL: {error}") from None
+    if not NAME.match(interface) or len(interface) > 15:
+        raise NetworkSpecError(f"the bridge must be a network interface's name (got {interface!r}).")
+    return HostBridge(
+        network.name, network.subnet, network.internet, int(match["port"]), network.blocked, interface, str(address)
+    )
+
+
 def parse(name: str, subnet: str, internet: bool, hub_port: int, blocked: str = "") -> UserNetwork:
     if name != HOST and not NAME.match(name):
         raise NetworkSpecError(f"PORTAL_NOTEBOOK_NETWORK must be a Docker network name or 'host' (got {name!r}).")

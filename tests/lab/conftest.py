@@ -1,20 +1,22 @@
 from __future__ import annotations
 
 import subprocess
+import sys
 from collections.abc import Iterator
 
 import pytest
 from django.conf import settings
 
-from tests.conftest import ROOT, STACK
-from tests.helpers.processes import free_port
+from tests.conftest import ARTIFACTS, ROOT, STACK
+from tests.helpers.processes import child_env, free_port
 from tests.lab.fleet import devices, fleet_spec
-from tests.lab.lab import TEST_LAB, Lab
+from tests.lab.lab import SWITCH_ADDRESS, TEST_LAB, Lab
 
 BUSYBOX = "gpu-portal/busybox:latest"
 NOTEBOOK = "gpu-portal/notebook:latest"
 # The lab hub's ports, inside the switch's namespace; the public one is carried in from this machine's 127.0.0.1.
 LAB_PORTS = {name: free_port() for name in ("public", "hub", "proxy_api")}
+LAB_HUB_URL = f"http://{SWITCH_ADDRESS}:{LAB_PORTS['hub']}"  # where the lab's notebooks reach its hub
 
 
 @pytest.fixture(scope="session")
@@ -28,6 +30,10 @@ def lab(docker_engine: str) -> Iterator[Lab]:
     built = Lab(TEST_LAB, devices=devices(fleet_spec(TEST_LAB)), relay=relay, relay_into=public)
     built.down()  # whatever an interrupted run left
     built.up(images=[BUSYBOX, NOTEBOOK])
+    for node in built.nodes:  # as an operator provisions each GPU host, before its notebooks start
+        fence = [sys.executable, "manage.py", "fence_swarm_host", f"--hub={LAB_HUB_URL}"]
+        done = built.start_in(node, fence, child_env(), ARTIFACTS / "logs" / f"lab-fence-{node.name}.log").wait(60)
+        assert done == 0, (ARTIFACTS / "logs" / f"lab-fence-{node.name}.log").read_text()[-2000:]
     yield built
     built.down()
 

@@ -280,6 +280,12 @@ class Lab:
                 wrapped, cwd=cwd, env=dict(env), stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
             )
 
+    def connects(self, node: Node | None, address: str, port: int) -> bool:
+        """Whether a TCP connection from ``node``'s namespace (None: the switch's) to ``address:port`` opens."""
+        netns = self.switch if node is None else node.netns
+        probe = f"import socket; s = socket.socket(); s.settimeout(3); print(s.connect_ex(({address!r}, {port})))"
+        return run("nsenter", f"--net=/run/netns/{netns}", "--", sys.executable, "-c", probe).strip() == "0"
+
     # -- state
 
     def swarm_nodes(self) -> dict[str, str]:

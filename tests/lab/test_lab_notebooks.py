@@ -1,7 +1,8 @@
 """Notebooks on the chosen host through Swarm (issue 32, item 2), on the lab: the portal launches a session,
 its Celery worker asks the hub, the hub (inside the lab, in the switch's namespace, with its proxy) starts the
 server through our Swarm spawner as a service pinned by node id to the host the allocator chose, JupyterLab
-answers through the one public address, and the stop ends it with the engine's moments."""
+answers through the one public address, the host's fence keeps the server from everything of the lab but the
+hub (probed from inside it), and the stop ends it with the engine's moments."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ from tests.conftest import ARTIFACTS, ROOT, RUN_ID, STACK
 from tests.gpus.conftest import use_fleet
 from tests.helpers import processes
 from tests.helpers.waiting import state_of, wait_for
-from tests.lab.conftest import LAB_PORTS
+from tests.lab.conftest import LAB_HUB_URL, LAB_PORTS
 from tests.lab.fleet import fleet_spec
 from tests.lab.lab import SWITCH_ADDRESS, TEST_LAB, Lab
 
@@ -49,7 +50,7 @@ def lab_hub(lab: Lab, hub_stack: object, tmp_path_factory: pytest.TempPathFactor
         PORTAL_INTERNAL_URL=f"http://127.0.0.1:{STACK['portal']}",  # the relay, on the switch's own loopback
         PORTAL_PROXY_API_PORT=str(LAB_PORTS["proxy_api"]),
         PORTAL_HUB_DATA_DIR=str(data),
-        PORTAL_HUB_BIND_URL=f"http://{SWITCH_ADDRESS}:{LAB_PORTS['hub']}",
+        PORTAL_HUB_BIND_URL=LAB_HUB_URL,
         PORTAL_HUB_SPAWNER="swarm",
         PORTAL_SWARM_MANAGER=lab.manager.endpoint,
         PYTHONPATH=str(ROOT),
@@ -120,6 +121,25 @@ def test_a_session_runs_as_a_swarm_service_on_the_host_the_allocator_chose(
     assert session.container_started_at is not None and started is not None
     assert abs((session.container_started_at - started).total_seconds()) < 2
 
+    # The fence (manage.py fence_swarm_host on each host): the notebook reaches the hub and nothing else of the
+    # lab, neither the portal's services nor another host nor its own; only the hub's machine reaches its port.
+    def reaches(address: str, port: int) -> bool:
+        probe = f"import socket; s = socket.socket(); s.settimeout(3); print(s.connect_ex(({address!r}, {port})))"
+        return host.docker("exec", container_id, "python3", "-c", probe).strip() == "0"
+
+    other, manager_node = lab.nodes[2], lab.nodes[0]
+    assert reaches(SWITCH_ADDRESS, LAB_PORTS["hub"]), "the hub"
+    for address, port in [
+        (SWITCH_ADDRESS, 5432),
+        (other.address, 7946),
+        (manager_node.address, 2377),
+        (host.address, 7946),
+    ]:
+        assert lab.connects(None, address, port), f"{address}:{port} is open in the lab (the probe can succeed)"
+        assert not reaches(address, port), f"the notebook must not reach {address}:{port}"
+    published = int(host.docker("port", container_id, "8888/tcp").split()[0].rsplit(":", 1)[1])
+    assert lab.connects(None, host.address, published), "the hub's proxy reaches the server"
+    assert not lab.connects(other, host.address, published), "another host does not"
     status = Hub().servers(alice.username)["far"]
     wait_for(lambda: Hub().servers(alice.username)["far"].ready, 30, "the hub to mark the server ready")
     answer = requests.get(f"{lab_hub}{status.url}api", timeout=10, allow_redirects=False)
