@@ -48,15 +48,15 @@ def nodes(manager: str) -> list[SwarmNode]:
 def record(found: list[SwarmNode]) -> int:
     """Each host's node as found (a host whose machine is not in the Swarm: none); how many hosts changed."""
     by_name = {node.hostname: node for node in found}
-    now, changed = timezone.now(), 0
-    for host in GpuHost.objects.all():
-        node = by_name.get(host.name)
-        seen = (node.node_id, node.state, node.availability) if node else ("", "", "")
-        if seen != (host.swarm_node, host.swarm_state, host.swarm_availability):
+    recorded = GpuHost.objects.values_list("pk", "name", "swarm_node", "swarm_state", "swarm_availability")
+    changed = 0
+    for pk, name, *was in recorded:  # a write only where the Swarm's word changed
+        node = by_name.get(name)
+        seen = [node.node_id, node.state, node.availability] if node else ["", "", ""]
+        if seen != was:
             changed += 1
-        GpuHost.objects.filter(pk=host.pk).update(
-            swarm_node=seen[0], swarm_state=seen[1], swarm_availability=seen[2], swarm_seen_at=now
-        )
+            GpuHost.objects.filter(pk=pk).update(swarm_node=seen[0], swarm_state=seen[1], swarm_availability=seen[2])
+    GpuHost.objects.update(swarm_seen_at=timezone.now())
     return changed
 
 

@@ -9,9 +9,7 @@ import argparse
 import sys
 
 from tests.lab.fleet import devices, fleet_spec
-from tests.lab.lab import Lab, LabError
-
-BUSYBOX = "gpu-portal/busybox:latest"
+from tests.lab.lab import BUSYBOX, Lab, LabError
 
 
 def main() -> int:

@@ -10,10 +10,8 @@ from django.conf import settings
 from tests.conftest import ARTIFACTS, ROOT, STACK
 from tests.helpers.processes import child_env, free_port
 from tests.lab.fleet import devices, fleet_spec
-from tests.lab.lab import SWITCH_ADDRESS, TEST_LAB, Lab
+from tests.lab.lab import BUSYBOX, NOTEBOOK, SWITCH_ADDRESS, TEST_LAB, Lab
 
-BUSYBOX = "gpu-portal/busybox:latest"
-NOTEBOOK = "gpu-portal/notebook:latest"
 # The lab hub's ports, inside the switch's namespace; the public one is carried in from this machine's 127.0.0.1.
 LAB_PORTS = {name: free_port() for name in ("public", "hub", "proxy_api")}
 LAB_HUB_URL = f"http://{SWITCH_ADDRESS}:{LAB_PORTS['hub']}"  # where the lab's notebooks reach its hub

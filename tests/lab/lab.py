@@ -42,6 +42,8 @@ SWITCH_ADDRESS = f"{SUBNET}.1"
 SWARM_POOL = "10.78.0.0/16"  # the Swarm's overlays (ingress, ours)
 ENGINE_POOL = "10.79.0.0/16"  # each engine's local bridges (docker0, docker_gwbridge), inside its namespace
 CGROUP_ROOT = Path("/sys/fs/cgroup")
+BUSYBOX = "gpu-portal/busybox:latest"  # the images the lab's engines are given
+NOTEBOOK = "gpu-portal/notebook:latest"
 TEST_LAB = "gplt"  # the test suite's lab; not the one `make lab-up` builds (gpl), so the two never meet
 
 
@@ -283,8 +285,7 @@ class Lab:
     def connects(self, node: Node | None, address: str, port: int) -> bool:
         """Whether a TCP connection from ``node``'s namespace (None: the switch's) to ``address:port`` opens."""
         netns = self.switch if node is None else node.netns
-        probe = f"import socket; s = socket.socket(); s.settimeout(3); print(s.connect_ex(({address!r}, {port})))"
-        return run("nsenter", f"--net=/run/netns/{netns}", "--", sys.executable, "-c", probe).strip() == "0"
+        return run("nsenter", f"--net=/run/netns/{netns}", "--", *connect_probe(sys.executable, address, port)) == "0\n"
 
     # -- state
 
@@ -406,6 +407,12 @@ class Lab:
         if self.folder.exists():
             left.append(f"folder {self.folder}")
         return left
+
+
+def connect_probe(python: str, address: str, port: int) -> list[str]:
+    """A command that prints 0 if a TCP connection to ``address:port`` opens within 3 s (else an errno)."""
+    code = f"import socket; s = socket.socket(); s.settimeout(3); print(s.connect_ex(({address!r}, {port})))"
+    return [python, "-c", code]
 
 
 def run_bytes(*args: str, timeout: float = 600) -> bytes:

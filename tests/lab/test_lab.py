@@ -16,9 +16,8 @@ from sessions.gpus.models import GpuHost
 from sessions.runtime import swarm
 from tests.gpus.conftest import use_fleet
 from tests.helpers.waiting import wait_for
-from tests.lab.conftest import BUSYBOX
 from tests.lab.fleet import devices, fleet_spec
-from tests.lab.lab import SUBNET, Lab, Node, run
+from tests.lab.lab import BUSYBOX, SUBNET, Lab, Node, run
 
 pytestmark = [pytest.mark.docker, pytest.mark.lab]
 

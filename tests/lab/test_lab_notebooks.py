@@ -26,7 +26,7 @@ from tests.helpers import processes
 from tests.helpers.waiting import state_of, wait_for
 from tests.lab.conftest import LAB_HUB_URL, LAB_PORTS
 from tests.lab.fleet import fleet_spec
-from tests.lab.lab import SWITCH_ADDRESS, TEST_LAB, Lab
+from tests.lab.lab import SWITCH_ADDRESS, TEST_LAB, Lab, connect_probe
 
 pytestmark = [
     pytest.mark.docker,
@@ -124,8 +124,7 @@ def test_a_session_runs_as_a_swarm_service_on_the_host_the_allocator_chose(
     # The fence (manage.py fence_swarm_host on each host): the notebook reaches the hub and nothing else of the
     # lab, neither the portal's services nor another host nor its own; only the hub's machine reaches its port.
     def reaches(address: str, port: int) -> bool:
-        probe = f"import socket; s = socket.socket(); s.settimeout(3); print(s.connect_ex(({address!r}, {port})))"
-        return host.docker("exec", container_id, "python3", "-c", probe).strip() == "0"
+        return host.docker("exec", container_id, *connect_probe("python3", address, port)).strip() == "0"
 
     other, manager_node = lab.nodes[2], lab.nodes[0]
     assert reaches(SWITCH_ADDRESS, LAB_PORTS["hub"]), "the hub"
