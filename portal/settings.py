@@ -13,6 +13,7 @@ import secrets
 import socket
 import zoneinfo
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import dj_database_url
 import django_stubs_ext
@@ -243,6 +244,17 @@ RENDER_QUEUE = env.text("PORTAL_RENDER_QUEUE", "")
 # Threads of the render worker (make run's supervisor starts it with as many): each follows one slice's chunks,
 # and every person rendering gets an equal share of them (sessions/render/services.py, share_of_threads).
 RENDER_THREADS = env.integer("PORTAL_RENDER_CONCURRENCY", os.cpu_count() or 1, minimum=1)
+# Where render workers get a job's scene and give its frames back (sessions/render/filestore.py): "local", this
+# machine's PORTAL_RENDER_DIR, or "portal", a GPU host's worker that does not share the portal's disk: it fetches
+# from the portal at PORTAL_FILE_STORE_URL into PORTAL_RENDER_SCRATCH_DIR, each call signed with
+# PORTAL_FILE_STORE_KEY, which the portal and its GPU hosts share (sessions/render/portalstore.py).
+RENDER_FILE_STORE = env.choice("PORTAL_RENDER_FILE_STORE", "local", {"local": "local", "portal": "portal"})
+FILE_STORE_URL = env.text("PORTAL_FILE_STORE_URL", "")
+if FILE_STORE_URL and urlsplit(FILE_STORE_URL).hostname:  # the portal answers its GPU hosts at that address
+    ALLOWED_HOSTS = [*ALLOWED_HOSTS, str(urlsplit(FILE_STORE_URL).hostname)]
+# The hosts whose render queues this machine's render worker reads (sessions/render/queues.py); empty: its GPU
+# agent's hosts, and with simulated GPUs every simulated host whose engine is this machine's.
+RENDER_HOSTS = env.items("PORTAL_RENDER_HOSTS", [])
 # Estimates' own queue (the probe), read by a worker of its own, so an upload is estimated while renders hold
 # every render thread; empty: the default queue's name plus "-estimate".
 ESTIMATE_QUEUE = env.text("PORTAL_ESTIMATE_QUEUE", "")
@@ -392,6 +404,9 @@ def _user_network() -> UserNetwork:
 USER_NETWORK = _user_network()
 # The Docker engine of each GPU host that is not this machine (sessions/runtime/engines.py): host=endpoint; ...
 DOCKER_ENGINES = engine_config.parse(env.text("PORTAL_DOCKER_ENGINES", ""))
+# Where a slice goes when GPUs of several hosts would serve it (sessions/gpus/packing.py): "pack" fills the
+# busiest host first, keeping whole hosts free; "spread" the least busy.
+PLACEMENT = env.choice("PORTAL_PLACEMENT", "pack", {"pack": "pack", "spread": "spread"})
 # A Swarm manager's Docker endpoint, where the hub's Swarm spawner asks for services and the fleet pages read
 # each host's node (sessions/runtime/swarm.py); empty: no Swarm.
 SWARM_MANAGER = env.text("PORTAL_SWARM_MANAGER", "")
@@ -485,6 +500,24 @@ RENDER_MAX_OUTPUT_BYTES = env.integer("PORTAL_RENDER_MAX_OUTPUT_BYTES", 20 * 102
 # Render jobs: where scenes and frames live (a folder per person, named by a keyed hash, and per job, named
 # at random), and what an upload may be. The upload limit holds while the body streams to disk.
 RENDER_DIR = env.path("PORTAL_RENDER_DIR", DATA_DIR / "render")
+RENDER_SCRATCH_DIR = env.path("PORTAL_RENDER_SCRATCH_DIR", DATA_DIR / "render-scratch")
+
+
+def _file_store_key() -> str:
+    """PORTAL_FILE_STORE_KEY; on the portal's machine alone, else a key generated once into the data directory
+    (a GPU host's worker must be given the portal's: it refuses to start without it)."""
+    given = env.text("PORTAL_FILE_STORE_KEY", "")
+    if given and len(given) < 32:
+        raise ImproperlyConfigured("PORTAL_FILE_STORE_KEY must be at least 32 characters long.")
+    if RENDER_FILE_STORE == "portal" and not (given and FILE_STORE_URL):
+        raise ImproperlyConfigured(
+            "PORTAL_RENDER_FILE_STORE=portal needs PORTAL_FILE_STORE_URL (the portal's address as this host reaches "
+            "it) and PORTAL_FILE_STORE_KEY (the portal's own key)."
+        )
+    return given or secret_file(DATA_DIR / "file_store_key")
+
+
+FILE_STORE_KEY = _file_store_key()
 RENDER_MAX_UPLOAD_BYTES = env.integer("PORTAL_RENDER_MAX_UPLOAD_BYTES", 2 * 1024**3, minimum=1024)
 RENDER_MAX_UNPACKED_BYTES = env.integer("PORTAL_RENDER_MAX_UNPACKED_BYTES", 8 * 1024**3, minimum=1024)
 RENDER_MAX_ZIP_ENTRIES = env.integer("PORTAL_RENDER_MAX_ZIP_ENTRIES", 5000, minimum=1)

@@ -7,6 +7,7 @@ from django.urls import include, path, re_path
 
 from portal import views
 from sessions.metrics.prometheus import metrics_view
+from sessions.render import internal as render_store
 
 admin.site.site_header = f"{settings.SITE_NAME} administration"
 admin.site.site_title = settings.SITE_NAME
@@ -27,6 +28,11 @@ urlpatterns = [
     path("sessions/", include("sessions.urls")),
     path("billing/", include("billing.urls")),
     path("internal/notebooks/", include("sessions.notebooks.urls")),
+    # GPU hosts' render workers: scenes out, frames in, each call signed for its job (sessions/render/portalstore.py).
+    path("internal/render/jobs/<int:job_id>/scene/", render_store.scene, name="render-store-scene"),
+    path("internal/render/jobs/<int:job_id>/scene/<path:path>", render_store.scene_file, name="render-store-file"),
+    path("internal/render/jobs/<int:job_id>/output/<path:path>", render_store.output, name="render-store-output"),
+    path("internal/render/jobs/<int:job_id>/measure/", render_store.measure, name="render-store-measure"),
     path("o/", include("oauth2_provider.urls", namespace="oauth2_provider")),
     path("admin/", admin.site.urls),
     # A notebook server the proxy has no route for (not started yet, or stopped): the proxy sends its

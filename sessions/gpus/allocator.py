@@ -34,7 +34,7 @@ from django.db import connection, transaction
 from django.db.models import Exists, OuterRef
 from django.utils import timezone
 
-from sessions.gpus import agency, catalog, demand, orders, placement, statements, workloads
+from sessions.gpus import agency, catalog, demand, orders, packing, placement, statements, workloads
 from sessions.gpus.capacity import free_capacity
 from sessions.gpus.catalog import GpuModel, Profile
 from sessions.gpus.holders import Holder
@@ -149,9 +149,11 @@ def _first_look(owner: User, request: SliceRequest) -> tuple[int, int, list[tupl
 
 
 def _groups_sql(request: SliceRequest) -> tuple[str, list[Any]]:
-    """The distinct (model, policy, layout) among working MIG GPUs where the profile may fit, first GPU first.
+    """The distinct (model, policy, layout) among working MIG GPUs where the profile may fit, per host, first
+    GPU first.
 
-    A fleet of a thousand GPUs has far fewer distinct layouts, and any GPU of a layout is as good as another.
+    A fleet of a thousand GPUs has far fewer distinct layouts, and any GPU of a layout is as good as another
+    on its host; between hosts, PORTAL_PLACEMENT chooses (``sessions.gpus.packing``).
     """
     fits, params = [], []
     for model in models_for(request):
@@ -163,8 +165,8 @@ def _groups_sql(request: SliceRequest) -> tuple[str, list[Any]]:
         where += f" AND host_id IN (SELECT id FROM {HOST} WHERE name = %s)"
         params.append(request.host)
     sql = (
-        f"SELECT model_name, mig_policy, layout_key, min(id) AS first FROM {GPU} WHERE {where}"
-        " GROUP BY model_name, mig_policy, layout_key ORDER BY first"  # the key holds compute_used
+        f"SELECT model_name, mig_policy, layout_key, min(id) AS first, host_id FROM {GPU} WHERE {where}"
+        " GROUP BY model_name, mig_policy, layout_key, host_id ORDER BY first"  # the key holds compute_used
     )
     return sql, params
 
@@ -201,13 +203,7 @@ def _place(
     each such miss means the fleet changed, so the loop ends.
     """
     while True:
-        firsts, static = {}, False
-        for name, policy, key, first in groups:
-            if name == model.name:
-                if policy == Gpu.Policy.DYNAMIC:
-                    firsts[key] = first
-                else:
-                    static = True
+        firsts, static = _firsts(groups, model)
         if static:
             taken = _take_layout_instance(owner, request, profile, holder)
             if taken:
@@ -220,6 +216,23 @@ def _place(
         if claimed:
             return _made(owner, request, profile, start, claimed, holder)
         groups = statements.run(_groups_sql(request))[0]
+
+
+def _firsts(groups: list[tuple[Any, ...]], model: GpuModel) -> tuple[dict[str, int], bool]:
+    """The GPU to claim for each dynamic layout of the model (on several hosts: on the host PORTAL_PLACEMENT
+    fills first), and whether any static layout may hold the profile."""
+    on_hosts: dict[str, list[tuple[int, int]]] = {}
+    static = False
+    for name, policy, key, first, host in groups:
+        if name == model.name:
+            if policy == Gpu.Policy.DYNAMIC:
+                on_hosts.setdefault(key, []).append((first, host))
+            else:
+                static = True
+    if len({host for pairs in on_hosts.values() for _, host in pairs}) <= 1:  # one host: nothing to choose
+        return {key: min(pairs)[0] for key, pairs in on_hosts.items()}, static
+    load = packing.loads({host for pairs in on_hosts.values() for _, host in pairs})
+    return {key: packing.first_by_host(pairs, load) for key, pairs in on_hosts.items()}, static
 
 
 def _take_layout_instance(owner: User, request: SliceRequest, profile: Profile, holder: Holder | None) -> Slice | None:

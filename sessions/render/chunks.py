@@ -17,7 +17,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 
 from django.conf import settings
 from django.db import transaction
@@ -26,7 +26,7 @@ from django.utils import timezone
 from sessions.gpus import holdings, orders
 from sessions.gpus.holders import Holder
 from sessions.gpus.models import Slice
-from sessions.render import containers, files, filestore, progress, queues, slices, storage, thumbnails
+from sessions.render import containers, files, filestore, progress, queues, slices, storage, stores, thumbnails
 from sessions.render.models import RenderChunk, RenderFrame, RenderJob
 from sessions.render.services import (
     RUNNING,
@@ -48,7 +48,6 @@ log = logging.getLogger(__name__)
 State = RenderJob.State
 ChunkState = RenderChunk.State
 FrameState = RenderFrame.State
-THUMBNAILS = "thumbnails"
 
 
 @dataclass(frozen=True)
@@ -195,7 +194,7 @@ def _failed_here(chunk: RenderChunk, slice_id: int) -> bool:
 def output_folder(job: RenderJob, chunk: RenderChunk) -> Path:
     """One run's own output folder (mounted at /out), as the file store gives it: the watchdog counts only what
     this run wrote."""
-    return filestore.store().output_for(job, f"chunk{chunk.index}-{chunk.attempts}")
+    return stores.current().output_for(job, f"chunk{chunk.index}-{chunk.attempts}")
 
 
 def _run(claim: Claim) -> datetime | None:
@@ -217,7 +216,8 @@ def _run(claim: Claim) -> datetime | None:
         holdings.seen([taken.pk], at=watched.finished_at)  # it ran until then, whatever it printed last
     if _chunk_ended(job.pk, chunk.pk, taken.pk, outcome) in (ChunkState.PENDING, ChunkState.FAILED):
         _keep_only_frames(job, output)  # the attempt failed: what it wrote besides its frames is of no use
-    storage.measure_job(job)
+    stores.current().run_ended(job, output)
+    stores.current().measure(job)
     return watched.finished_at
 
 
@@ -225,6 +225,12 @@ def _rendered(claim: Claim, output: Path, watched: containers.Watched, bound: st
     """The chunk's run in the sandbox, its frames recorded as Blender saves them: how it went."""
     job, chunk, taken = claim.job, claim.chunk, claim.taken
     how = render_settings(job, taken)
+    try:  # checked against what unpacking recorded; on a GPU host of its own, fetched with the job's estimate
+        scene = stores.current().fetch_scene(job)
+    except filestore.SceneChanged as changed:  # it would be so on every slice: the job fails at once
+        return Outcome(str(changed), "", {}, final=True)
+    except (FileNotFoundError, ValueError, filestore.StoreUnreachable) as error:
+        return Outcome(str(error), "", {})
     written = Written(job, chunk, output, _most_pixels(job), how.preview_pixels**2)
     run = progress.ChunkRun(
         job, on_saved=lambda name: _frame_saved(written, name), on_preview=lambda n: _thumbnail_from_preview(written, n)
@@ -234,7 +240,7 @@ def _rendered(claim: Claim, output: Path, watched: containers.Watched, bound: st
         result = render(
             watched,
             spec_for(taken, RENDER_IMAGE, labels=containers.labels(job.pk, chunk.pk)),
-            filestore.store().fetch_scene(job),  # checked against what unpacking recorded
+            scene,
             output,
             tuple(chunk.frames),
             how,
@@ -251,8 +257,6 @@ def _rendered(claim: Claim, output: Path, watched: containers.Watched, bound: st
         if result.exit.output_exceeded:
             why = bound.exceeded() if bound.by_quota else _too_much_output(bound.limit)
             outcome = Outcome(why, outcome.excerpt, outcome.live, final=True)
-    except filestore.SceneChanged as changed:  # it would be so on every slice: the job fails at once
-        outcome = Outcome(str(changed), "", run.live(), final=True)
     except (RuntimeError_, FileNotFoundError, ValueError) as error:
         outcome = Outcome(str(error), "", run.live())
     return outcome
@@ -346,15 +350,16 @@ def _frame_saved(written: Written, name: str, number: int | None = None) -> None
     opened = files.open_written(written.folder, name)
     if opened is None:  # a link, a FIFO, a folder: the container made it, and nothing of it is read
         return
+    store = stores.current()
     with opened:
         thumbnail = None
         if job.output_format == RenderJob.OutputFormat.PNG:  # another format's comes from Blender's own PNG
-            folder = job.folder_path() / THUMBNAILS
+            folder = store.thumbnails_for(job)
             thumbnail = make_thumbnail(opened, folder, settings.RENDER_THUMBNAIL_PIXELS, name, written.most_pixels)
-        stored = filestore.store().put_frame(job, written.folder, name, opened)  # given back, with its checksum
+        stored = store.put_frame(job, written.folder, name, opened)  # given back, with its checksum
     frame.state, frame.finished_at = FrameState.DONE, timezone.now()
     frame.output_path, frame.sha256 = stored.path, stored.sha256
-    frame.thumbnail_path = str(PurePosixPath(THUMBNAILS, thumbnail.name)) if thumbnail else ""
+    frame.thumbnail_path = store.put_thumbnail(job, thumbnail) if thumbnail else ""
     frame.save(update_fields=["state", "finished_at", "output_path", "sha256", "thumbnail_path"])
 
 
@@ -368,12 +373,12 @@ def _thumbnail_from_preview(written: Written, number: int) -> None:
         return
     opened = files.open_written(written.folder, name)
     if opened is not None:
+        store = stores.current()
         with opened:
-            folder = job.folder_path() / THUMBNAILS
             pixels = settings.RENDER_THUMBNAIL_PIXELS
-            thumbnail = make_thumbnail(opened, folder, pixels, frame.output_path, written.preview_pixels)
-        if thumbnail is not None:
-            frame.thumbnail_path = str(PurePosixPath(THUMBNAILS, thumbnail.name))
+            made = make_thumbnail(opened, store.thumbnails_for(job), pixels, frame.output_path, written.preview_pixels)
+        if made is not None:
+            frame.thumbnail_path = store.put_thumbnail(job, made)
             frame.save(update_fields=["thumbnail_path"])
     (written.folder / name).unlink(missing_ok=True)  # a link is removed as a link
 

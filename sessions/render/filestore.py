@@ -6,7 +6,8 @@ back to the store (``put_frame``), which records the frame's checksum. Today the
 portal's render folder, on the machine every worker runs on, so fetching is checking the files where they lie
 and a frame stays in the run's own folder where the sandbox wrote it. A store on another machine (the next
 issue's hosts) fetches the scene into the worker's scratch and carries each frame back, through the same three
-calls and the same checks.
+calls and the same checks: ``PortalStore`` (``sessions.render.portalstore``), chosen by PORTAL_RENDER_FILE_STORE,
+for a GPU host's render worker that does not share the portal's disk.
 
 The scene's checksum covers every file of the unpacked scene: its path, size and contents, in path order. A
 worker that finds anything else (a file changed, added or gone, a link where unpacking makes none) renders
@@ -26,16 +27,23 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
+from sessions.render import storage
 from sessions.render.models import RenderJob
 from sessions.runtime.render import Scene
 
 BLOCK = 1 << 20
 FRAMES = "frames"  # the folder of a job's runs' output, in its own folder
+THUMBNAILS = "thumbnails"  # the frames' small pictures, in the job's folder
+ESTIMATE_FILE = "estimate.json"  # the probe's findings, in the job's folder (``sessions.render.services``)
 Signature = tuple[tuple[str, int, int, int], ...]  # (path, size, ctime_ns, inode) of every file, in order
 
 
 class SceneChanged(ValueError):
     """The scene a worker was given is not the one unpacking checked; the message says what differs."""
+
+
+class StoreUnreachable(OSError):
+    """The store did not answer, or refused a call; the message says which and why. The run is tried again."""
 
 
 @dataclass(frozen=True)
@@ -44,7 +52,7 @@ class StoredFrame:
     sha256: str
 
 
-def _files(folder: Path) -> list[tuple[str, os.stat_result]]:
+def plain_files(folder: Path) -> list[tuple[str, os.stat_result]]:
     """Every file below ``folder`` with its status, in path order, never following a link; SceneChanged for a
     link or anything but a folder or a regular file (unpacking makes neither)."""
     found: list[tuple[str, os.stat_result]] = []
@@ -70,7 +78,7 @@ def scene_checksum(folder: Path, told: Callable[[int], None] | None = None) -> t
     hears the bytes read so far. FileNotFoundError when there is no scene folder."""
     if not folder.is_dir():
         raise FileNotFoundError(f"no scene folder at {folder}")
-    found = _files(folder)
+    found = plain_files(folder)
     total, done = hashlib.sha256(), 0
     for relative, status in found:
         content = hashlib.sha256()
@@ -85,10 +93,13 @@ def scene_checksum(folder: Path, told: Callable[[int], None] | None = None) -> t
     return total.hexdigest(), _signature(found)
 
 
+LOCAL, PORTAL = "local", "portal"  # PORTAL_RENDER_FILE_STORE's words
+
+
 class LocalStore:
     """The portal's render folder on this machine, which every render worker reads."""
 
-    name = "local"
+    name = LOCAL
 
     def __init__(self) -> None:
         self._checked: dict[tuple[int, str], Signature] = {}  # (job, checksum) -> the files as last read whole
@@ -104,14 +115,18 @@ class LocalStore:
     def fetch_scene(self, job: RenderJob) -> Scene:
         """The job's scene for a worker to render, checked against the recorded checksum; SceneChanged if it
         differs (or none was recorded), FileNotFoundError if it is gone."""
-        folder = job.scene_path()
+        return self.checked_scene(job, job.scene_path())
+
+    def checked_scene(self, job: RenderJob, folder: Path) -> Scene:
+        """The scene in ``folder``, checked against the job's recorded checksum (read whole once per process and
+        job, then again only when a file's size, change time or inode moved)."""
         scene = Scene(folder, job.main_file, shown_as=job.scene_name)  # FileNotFoundError without its .blend
         if not job.scene_sha256:
             raise SceneChanged("its scene was never checked (no checksum was recorded when it was unpacked)")
         key = (job.pk, job.scene_sha256)
         with self._lock:
             seen = self._checked.get(key)
-        if seen is None or _signature(_files(folder)) != seen:
+        if seen is None or _signature(plain_files(folder)) != seen:
             checksum, signature = scene_checksum(folder)
             if checksum != job.scene_sha256:
                 raise SceneChanged(
@@ -122,26 +137,49 @@ class LocalStore:
                 self._checked[key] = signature
         return scene
 
+    def scratch(self, job: RenderJob) -> Path:
+        """The worker's own folder for the job, where its runs write: for the local store, the job's folder."""
+        return job.folder_path()
+
     def output_for(self, job: RenderJob, run: str) -> Path:
-        """The folder one run writes its frames into (mounted at /out): the worker's scratch, which for the
-        local store lies in the job's own folder."""
-        return job.folder_path() / FRAMES / run
+        """The folder one run writes its frames into (mounted at /out), in the worker's scratch."""
+        return self.scratch(job) / FRAMES / run
+
+    def thumbnails_for(self, job: RenderJob) -> Path:
+        """Where the worker makes the frames' thumbnails (``put_thumbnail`` gives each back)."""
+        return self.scratch(job) / THUMBNAILS
 
     def put_frame(self, job: RenderJob, folder: Path, name: str, opened: BinaryIO) -> StoredFrame:
         """A frame the sandbox wrote as ``folder/name`` (``opened``: that file, opened once without following a
         link) given back to the store, with its checksum as read from the open file. Locally it stays where
         it was written."""
-        opened.seek(0)
-        content = hashlib.sha256()
-        while block := opened.read(BLOCK):
-            content.update(block)
-        opened.seek(0)
-        return StoredFrame((folder / name).relative_to(job.folder_path()).as_posix(), content.hexdigest())
+        relative = (folder / name).relative_to(self.scratch(job)).as_posix()
+        return StoredFrame(relative, self.keep(job, relative, opened, file_checksum(opened)))
+
+    def put_thumbnail(self, job: RenderJob, made: Path) -> str:
+        """A thumbnail the worker made in ``thumbnails_for(job)`` given back: its path in the job's folder."""
+        relative = made.relative_to(self.scratch(job)).as_posix()
+        with made.open("rb") as opened:
+            self.keep(job, relative, opened, file_checksum(opened))
+        return relative
+
+    def keep(self, job: RenderJob, relative: str, opened: BinaryIO, sha256: str) -> str:
+        """The store keeps the file at ``relative`` in the job's folder; locally it is there already."""
+        return sha256
+
+    def run_ended(self, job: RenderJob, output: Path) -> None:
+        """A run ended and its frames were given back: locally they stay in its folder."""
+
+    def measure(self, job: RenderJob) -> None:
+        """The job's share of its owner's quota measured again where its files lie."""
+        storage.measure_job(job)
 
 
-_store = LocalStore()
-
-
-def store() -> LocalStore:
-    """The file store render workers use (the local disk: every worker runs on the portal's machine)."""
-    return _store
+def file_checksum(opened: BinaryIO) -> str:
+    """The sha256 of an open file's contents, read from its start; it is left at its start again."""
+    opened.seek(0)
+    content = hashlib.sha256()
+    while block := opened.read(BLOCK):
+        content.update(block)
+    opened.seek(0)
+    return content.hexdigest()

@@ -12,12 +12,14 @@ import time
 from typing import Any
 
 from celery.signals import worker_ready
+from django.conf import settings
 from django.db import close_old_connections
 
 from portal.celery import app, render_queue, send
 from sessions.gpus import agency
 from sessions.gpus.backends import get_backend
 from sessions.gpus.models import GpuHost, Slice
+from sessions.runtime import engines
 
 log = logging.getLogger(__name__)
 WORK_ON_SLICE = "sessions.render.tasks.work_on_slice"
@@ -26,11 +28,16 @@ TAKE_EVERY_S = 2.0  # how soon a render worker takes the queue of a host that ap
 
 
 def hosts_here() -> list[str]:
-    """The hosts whose render queue this machine's render worker reads: its GPU agent's hosts; with simulated
-    GPUs every simulated host the portal knows, since this one machine stands in for them all."""
+    """The hosts whose render queue this machine's render worker reads: PORTAL_RENDER_HOSTS where set; else its
+    GPU agent's hosts and, with simulated GPUs, every simulated host the portal knows whose containers run on
+    this machine's engine, since this one machine stands in for them all (a host with an engine of its own,
+    PORTAL_DOCKER_ENGINES, has its own machine and render worker)."""
+    if settings.RENDER_HOSTS:
+        return sorted(set(settings.RENDER_HOSTS))
     hosts = set(agency.hosts_of_this_machine())
     if get_backend().name != "nvml":
-        hosts |= set(GpuHost.objects.filter(backend=GpuHost.Backend.SIMULATED).values_list("name", flat=True))
+        simulated = GpuHost.objects.filter(backend=GpuHost.Backend.SIMULATED).values_list("name", flat=True)
+        hosts |= {host for host in simulated if engines.endpoint_of(host) == engines.LOCAL}
     return sorted(hosts)
 
 
@@ -46,11 +53,12 @@ def send_worker(job_id: int, slice_id: int) -> None:
 
 @worker_ready.connect
 def take_host_queues(sender: Any = None, **kwargs: Any) -> None:
-    """The render worker (the one that reads the render queue), at start: a thread of its own takes the render
-    queue of each host of this machine, each after sending that host's recovery (the chunks it was rendering
-    there when it stopped are put back), then (with simulated GPUs) those of hosts the portal learns of later."""
+    """The render worker (the one that reads the render queue, or a GPU host's that reads only its host's), at
+    start: a thread of its own takes the render queue of each host of this machine, each after sending that
+    host's recovery (the chunks it was rendering there when it stopped are put back), then (with simulated
+    GPUs) those of hosts the portal learns of later."""
     queues = {queue.name for queue in getattr(getattr(sender, "task_consumer", None), "queues", ())}
-    if render_queue() in queues:
+    if any(queue == render_queue() or queue.startswith(f"{render_queue()}@") for queue in queues):
         threading.Thread(target=_take, args=(sender.hostname,), name="render-hosts", daemon=True).start()
 
 

@@ -31,7 +31,7 @@ from sessions.gpus import catalog, holdings, orders, pricing, workloads
 from sessions.gpus.allocator import AllocationRefused, SliceRequest, allocate
 from sessions.gpus.holders import Holder
 from sessions.gpus.models import Slice
-from sessions.render import containers, estimates, files, filestore, jobs, progress
+from sessions.render import containers, estimates, files, filestore, jobs, progress, stores
 from sessions.render.models import RenderChunk, RenderFrame, RenderJob
 from sessions.runtime import blender, engines
 from sessions.runtime.blender import RenderSettings
@@ -46,7 +46,7 @@ FrameState = RenderFrame.State
 ESTIMATE_JOB = "sessions.render.tasks.estimate_job"
 DISPATCH_JOB = "sessions.render.tasks.dispatch_job"
 RUNNING = RenderJob.RUNNING
-ESTIMATE_FILE = "estimate.json"
+ESTIMATE_FILE = filestore.ESTIMATE_FILE
 FORMATS_KEY = "render:formats"  # what the last probe's Blender said it writes; the upload form offers those
 FORMATS_KEPT_S = 7 * 24 * 3600
 PREVIEW_MOST_PIXELS = 4096
@@ -205,14 +205,14 @@ def estimate(job_id: int) -> RenderJob:
 
 
 def _probe(job: RenderJob, taken: Slice, watched: containers.Watched) -> Probe | Exception:
-    output = job.folder_path() / PROBE
     frames = estimates.probe_frames(list(job.frames))
+    output = stores.current().scratch(job) / PROBE  # the worker's scratch: for the local store, the job's folder
     try:
         output.mkdir(mode=0o700, exist_ok=True)  # never its parents: a job cancelled meanwhile has no folder left
         return probe(
             watched,
             spec_for(taken, RENDER_IMAGE, labels=containers.labels(job.pk)),
-            filestore.store().fetch_scene(job),  # checked against what unpacking recorded
+            stores.current().fetch_scene(job),  # checked against what unpacking recorded
             output,
             render_settings(job, taken),
             frames=frames,
@@ -220,7 +220,7 @@ def _probe(job: RenderJob, taken: Slice, watched: containers.Watched) -> Probe |
             wall_time_s=settings.RENDER_PROBE_WALL_SECONDS,
             output_limit=settings.RENDER_MAX_OUTPUT_BYTES,
         )
-    except (SceneUnreadable, RuntimeError_, FileNotFoundError, ValueError) as error:
+    except (SceneUnreadable, RuntimeError_, FileNotFoundError, ValueError, filestore.StoreUnreachable) as error:
         return error
     finally:
         with contextlib.suppress(OSError):
@@ -335,8 +335,8 @@ def _why_cpu(found: Probe) -> str:
 
 
 def estimate_of(job: RenderJob) -> Estimate | None:
-    """The job's estimate, once its probe has run."""
-    path = job.folder_path() / ESTIMATE_FILE
+    """The job's estimate, once its probe has run (on a GPU host of its own, as its scene's fetch brought it)."""
+    path = stores.current().scratch(job) / ESTIMATE_FILE
     try:
         found = json.loads(path.read_text())
         for frames in ("probe_frames", "projected_frames"):

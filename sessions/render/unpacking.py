@@ -19,7 +19,7 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from sessions.render import files, filestore, jobs, progress, scenefile, services, storage
+from sessions.render import files, filestore, jobs, progress, scenefile, services, storage, stores
 from sessions.render.models import RenderJob
 from sessions.render.scenefile import SceneRefused
 
@@ -109,7 +109,7 @@ def _unpacked(job: RenderJob, run: Unpacking) -> None:
     elif not job.blend_files:
         job.scene_bytes = job.upload_bytes
     run.begin("Recording the scene's checksum", job.scene_bytes)
-    job.scene_sha256 = filestore.store().record_scene(job, run.told)  # what every render worker checks
+    job.scene_sha256 = stores.current().record_scene(job, run.told)  # what every render worker checks
     main = job.main_file or (job.blend_files[0] if len(job.blend_files) == 1 else "")
     if not main:
         job.move(State.UPLOADED)

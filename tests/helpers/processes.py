@@ -41,7 +41,8 @@ GONE_ENGINE = "unix:///nonexistent/gpu-portal-far/docker.sock"
 
 
 def child_env(**extra: str) -> dict[str, str]:
-    from tests.lab.lab import TEST_LAB, Lab
+    from tests.conftest import STACK
+    from tests.lab.lab import SWITCH_ADDRESS, TEST_LAB, Lab
 
     lab_engines = {node.name: node.endpoint for node in Lab(TEST_LAB).nodes}  # its hosts' engines, when it is up
     engines = {**settings.DOCKER_ENGINES, ENGINE_GONE_HOST: GONE_ENGINE, **lab_engines}
@@ -66,6 +67,8 @@ def child_env(**extra: str) -> dict[str, str]:
         PORTAL_HUB_PORT=str(settings.USER_NETWORK.hub_port),
         PORTAL_BILLING_MIN_MINUTES=str(settings.BILLING_MIN_MINUTES),
         PORTAL_DOCKER_ENGINES="; ".join(f"{host}={endpoint}" for host, endpoint in engines.items()),
+        # The portal's address as the lab's hosts reach it (through the relay): the session's portal answers there.
+        PORTAL_FILE_STORE_URL=f"http://{SWITCH_ADDRESS}:{STACK['portal']}",
     )
     env.update(extra)
     return env

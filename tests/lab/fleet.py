@@ -7,8 +7,9 @@ from sessions.gpus.backends.simulated import parse_fleet
 
 
 def fleet_spec(lab: str) -> str:
-    """PORTAL_SIMULATED_FLEET for a lab named ``lab``: host names are the lab's node names."""
-    return f"{lab}-n1: 1xH200:mig; {lab}-n2: 1xA100-80GB:mig, 1xL4:whole; {lab}-n3: 2xA30:shared=2"
+    """PORTAL_SIMULATED_FLEET for a lab named ``lab``: host names are the lab's node names. Two hosts have an L4
+    each, so one job's slices can be on two hosts at once."""
+    return f"{lab}-n1: 1xH200:mig; {lab}-n2: 1xA100-80GB:mig, 1xL4:whole; {lab}-n3: 2xA30:shared=2, 1xL4:whole"
 
 
 def devices(spec: str) -> dict[str, set[str]]:

@@ -208,6 +208,9 @@ class Lab:
         # nsenter, not `ip netns exec`, which remounts /sys and hides the cgroup mounts dockerd needs;
         # unshare --uts gives the node its own host name.
         script = f"hostname {node.name} && exec {shlex.join(dockerd)}"
+        # The stand-in's hook on its PATH: a container with a GPU device request (a render chunk's) gets it, as
+        # NVIDIA's hook gives it on a real host; the stand-in runtime then checks the devices asked for.
+        path = f"{STANDIN_RUNTIME.parent}:{os.environ.get('PATH', '/usr/sbin:/usr/bin:/sbin:/bin')}"
         with (node.folder / "dockerd.log").open("ab") as log:
             subprocess.Popen(
                 ["nsenter", f"--net=/run/netns/{node.netns}", "unshare", "--uts", "sh", "-c", script],
@@ -215,6 +218,7 @@ class Lab:
                 stderr=log,
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,
+                env={**os.environ, "PATH": path},
             )
         deadline = time.monotonic() + 60
         while not node.answers():
@@ -224,11 +228,15 @@ class Lab:
             time.sleep(0.1)
 
     def _images(self, images: list[str]) -> None:
-        if not images:
+        self.load(images, self.nodes)
+
+    def load(self, images: list[str], nodes: list[Node]) -> None:
+        """Load images from this machine's engine into these hosts' engines (saved once, loaded side by side)."""
+        if not images or not nodes:
             return
         archive = run_bytes(DOCKER, "save", *images)
-        with ThreadPoolExecutor(self.size) as pool:
-            list(pool.map(lambda node: node.docker("load", "-q", stdin=archive, timeout=600), self.nodes))
+        with ThreadPoolExecutor(len(nodes)) as pool:
+            list(pool.map(lambda node: node.docker("load", "-q", stdin=archive, timeout=600), nodes))
 
     def _swarm(self) -> None:
         first = self.manager

@@ -5,7 +5,6 @@ and beats again once the link is mended."""
 from __future__ import annotations
 
 import subprocess
-import sys
 from collections.abc import Iterator
 from datetime import timedelta
 
@@ -15,12 +14,12 @@ from portal.clock import database_now
 from sessions.gpus import hosts
 from sessions.gpus.backends.simulated import parse_fleet
 from sessions.gpus.models import GpuHost
-from tests.conftest import ARTIFACTS
 from tests.gpus.conftest import use_fleet
 from tests.helpers import processes
 from tests.helpers.waiting import wait_for
 from tests.lab.fleet import fleet_spec
-from tests.lab.lab import SWITCH_ADDRESS, Lab, Node
+from tests.lab.hosts import start_agent
+from tests.lab.lab import Lab
 
 pytestmark = [
     pytest.mark.docker,
@@ -31,29 +30,11 @@ pytestmark = [
 HEARTBEAT_S = 1
 
 
-def over_the_link(url: str) -> str:
-    """This machine's service address as a lab host reaches it: the switch's address, through the relay."""
-    return url.replace("@127.0.0.1:", f"@{SWITCH_ADDRESS}:").replace("//127.0.0.1:", f"//{SWITCH_ADDRESS}:")
-
-
-def start_agent(lab: Lab, node: Node) -> subprocess.Popen[bytes]:
-    own = "; ".join(part for part in fleet_spec(lab.name).split("; ") if part.startswith(f"{node.name}:"))
-    env = processes.child_env(
-        PORTAL_GPU_BACKEND="simulated",
-        PORTAL_SIMULATED_FLEET=own,
-        PORTAL_HOST_HEARTBEAT_S=str(HEARTBEAT_S),
-        PORTAL_GPU_NODE_ID=node.name,  # a machine of its own (the namespaces share this one's /etc/machine-id)
-    )
-    env.update(DATABASE_URL=over_the_link(env["DATABASE_URL"]), REDIS_URL=over_the_link(env["REDIS_URL"]))
-    command = [sys.executable, "manage.py", "gpu_agent", "--interval-ms", "500", "--no-docker"]
-    return lab.start_in(node, command, env, ARTIFACTS / "logs" / f"lab-agent-{node.name}.log")
-
-
 @pytest.fixture
 def agents(lab: Lab, settings) -> Iterator[dict[str, subprocess.Popen[bytes]]]:  # type: ignore[no-untyped-def]
     settings.HOST_HEARTBEAT_S, settings.HOST_LOST_AFTER_S = HEARTBEAT_S, 3 * HEARTBEAT_S
     use_fleet(settings, fleet_spec(lab.name))
-    started = {node.name: start_agent(lab, node) for node in lab.nodes}
+    started = {node.name: start_agent(lab, node, HEARTBEAT_S) for node in lab.nodes}
     yield started
     for process in started.values():
         processes.stop(process)

@@ -17,7 +17,7 @@ from django.contrib.auth.models import User
 
 from sessions.gpus.allocator import allocate
 from sessions.gpus.holders import Holder
-from sessions.render import chunks, filestore
+from sessions.render import chunks, filestore, stores
 from sessions.render.models import RenderChunk, RenderFrame, RenderJob
 from tests.gpus.conftest import use_fleet
 
@@ -43,7 +43,7 @@ def job_with_a_scene(owner: User, state: str = RenderJob.State.RENDERING) -> Ren
     (job.scene_path() / "shot" / "tex").mkdir(parents=True)
     (job.scene_path() / "shot" / "main.blend").write_bytes(b"BLENDER-v304" + os.urandom(4096))
     (job.scene_path() / "shot" / "tex" / "wood.png").write_bytes(os.urandom(2048))
-    job.scene_sha256 = filestore.store().record_scene(job)
+    job.scene_sha256 = stores.current().record_scene(job)
     job.save(update_fields=["scene_sha256"])
     return job
 
@@ -74,9 +74,9 @@ def a_link_in_place(job: RenderJob) -> None:
 
 def test_the_scene_is_given_as_unpacking_recorded_it(alice: User, render_dir: Path) -> None:
     job = job_with_a_scene(alice)
-    scene = filestore.store().fetch_scene(job)
+    scene = stores.current().fetch_scene(job)
     assert (scene.folder, scene.blend, scene.name) == (job.scene_path(), "shot/main.blend", "shot/main.blend")
-    assert filestore.store().fetch_scene(job).folder == job.scene_path(), "and again, from the files' signature"
+    assert stores.current().fetch_scene(job).folder == job.scene_path(), "and again, from the files' signature"
 
 
 @pytest.mark.parametrize("change", [a_byte_changed, a_file_added, a_file_gone, a_link_in_place])
@@ -84,10 +84,10 @@ def test_a_scene_changed_after_it_was_checked_is_refused(
     alice: User, render_dir: Path, change: Callable[[RenderJob], None]
 ) -> None:
     job = job_with_a_scene(alice)
-    filestore.store().fetch_scene(job)  # read whole once: the next fetch compares the files' signature
+    stores.current().fetch_scene(job)  # read whole once: the next fetch compares the files' signature
     change(job)
     with pytest.raises(filestore.SceneChanged):
-        filestore.store().fetch_scene(job)
+        stores.current().fetch_scene(job)
 
 
 def test_a_scene_whose_checksum_was_never_recorded_is_refused(alice: User, render_dir: Path) -> None:
@@ -95,7 +95,7 @@ def test_a_scene_whose_checksum_was_never_recorded_is_refused(alice: User, rende
     RenderJob.objects.filter(pk=job.pk).update(scene_sha256="")
     job.refresh_from_db()
     with pytest.raises(filestore.SceneChanged, match="never checked"):
-        filestore.store().fetch_scene(job)
+        stores.current().fetch_scene(job)
 
 
 def test_a_chunk_whose_scene_changed_fails_its_job_at_once_and_renders_nothing(
@@ -122,12 +122,12 @@ def test_a_chunk_whose_scene_changed_fails_its_job_at_once_and_renders_nothing(
 
 def test_a_frame_given_back_carries_the_checksum_of_what_the_sandbox_wrote(alice: User, render_dir: Path) -> None:
     job = job_with_a_scene(alice)
-    folder = filestore.store().output_for(job, "chunk0-1")
+    folder = stores.current().output_for(job, "chunk0-1")
     folder.mkdir(parents=True)
     data = os.urandom(5000)
     (folder / "frame_000001.png").write_bytes(data)
     opened = io.BytesIO(data)
     opened.read(100)  # a thumbnail read part of it first
-    stored = filestore.store().put_frame(job, folder, "frame_000001.png", opened)
+    stored = stores.current().put_frame(job, folder, "frame_000001.png", opened)
     assert stored == filestore.StoredFrame("frames/chunk0-1/frame_000001.png", hashlib.sha256(data).hexdigest())
     assert opened.tell() == 0, "left at its start for whoever reads it next"

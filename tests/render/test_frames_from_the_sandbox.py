@@ -18,7 +18,7 @@ from django.http import Http404
 from PIL import Image
 from pytest_django.fixtures import Settings
 
-from sessions.render import chunks, results, services
+from sessions.render import chunks, filestore, results, services
 from sessions.render.models import RenderFrame, RenderJob
 from sessions.runtime import blender
 from tests.render.sandbox_acts import (
@@ -53,7 +53,7 @@ RED = (255, 0, 0)
 
 
 def thumbnails_of(job: RenderJob) -> list[Path]:
-    folder = job.folder_path() / chunks.THUMBNAILS
+    folder = job.folder_path() / filestore.THUMBNAILS
     return sorted(folder.iterdir()) if folder.is_dir() else []
 
 
