@@ -6,7 +6,7 @@ import argparse
 import importlib
 import sys
 
-BENCHMARKS = ["dashboard", "allocator", "spawn", "metrics", "billing", "render", "estimate"]
+BENCHMARKS = ["dashboard", "allocator", "spawn", "metrics", "billing", "render", "estimate", "multihost"]
 
 
 def main(argv: list[str]) -> int:

@@ -299,14 +299,15 @@ def print_table(cells: Cells, churned: dict[str, dict[str, float]]) -> None:
         print(f"{mix:<13}{f['learned']:>8.4f} ({f['told']:.4f}) | {f['first_fit']:.4f} [{f['prior']:.4f}]")
 
 
-def decision_time(args: argparse.Namespace) -> dict[str, object]:
+def decision_time(args: argparse.Namespace, fleet: str = "") -> dict[str, object]:
+    """allocate+release timed on a simulated fleet of ``args.gpus`` H200 on one host (``fleet``: another)."""
     with tempfile.TemporaryDirectory(prefix="bench-allocator-") as tmp:
         env = dict(os.environ)
         env.update(
             PORTAL_DATA_DIR=tmp,
             DATABASE_URL=bench_database_url(Path(tmp)),
             PORTAL_GPU_BACKEND="simulated",
-            PORTAL_SIMULATED_FLEET=f"bench: {args.gpus}xH200:mig",
+            PORTAL_SIMULATED_FLEET=fleet or f"bench: {args.gpus}xH200:mig",
             PORTAL_LOG_LEVEL="WARNING",
         )
         command = [sys.executable, "-m", "bench.allocator_db", str(args.decisions), str(args.seed), str(args.processes)]

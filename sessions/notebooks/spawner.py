@@ -379,10 +379,20 @@ class PortalSwarmSpawner(PortalSpawner, SwarmSpawner):
                 return
             if status["State"] in SWARM_ENDED:
                 why = status.get("Err") or status.get("Message") or status["State"]
+                await self._remove_unstarted()
                 raise RuntimeError(f"Swarm did not start the server on {self.host} ({status['State']}): {why}")
             if time.monotonic() > deadline:
+                await self._remove_unstarted()
                 raise TimeoutError(f"The server's task on {self.host} did not run within {self.start_timeout} s")
             await asyncio.sleep(self.task_poll_interval)
+
+    async def _remove_unstarted(self) -> None:
+        """A server that never ran leaves nothing behind: its service goes, and Swarm removes its task's
+        container with it (nothing stops it later: the hub forgets a server whose start failed)."""
+        try:
+            await self.remove_object()
+        except Exception as error:  # the launch fails with its own reason; the portal's reconciliation sweeps
+            self.log.warning("could not remove the service %s of a failed start: %s", self.service_name, error)
 
     async def get_ip_and_port(self) -> tuple[str, int]:
         task = await self.get_task()

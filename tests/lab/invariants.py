@@ -59,10 +59,10 @@ def check(lab: Lab, running: Iterable[int] = (), settle_within: float = 60) -> N
     assert ledger_total() == 0 and unbalanced_transactions() == [], "the ledger is balanced"
 
     slices_with_containers: set[int] = set()
-    for host, containers in containers_of_this_portal(lab).items():
+    for node_name, containers in containers_of_this_portal(lab).items():
         for labels in containers:
             slice_id = int(labels.get(f"{LABEL_PREFIX}.slice", "0"))
             slices_with_containers.add(slice_id)
-            assert held.filter(pk=slice_id).exists(), f"a container on {host} of slice {slice_id}, which is released"
+            assert held.filter(pk=slice_id).exists(), f"a container on {node_name} of slice {slice_id}, released"
     missing = set(running) - slices_with_containers
     assert not missing, f"slices said to run without a container: {sorted(missing)}"

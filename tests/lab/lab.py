@@ -321,6 +321,25 @@ class Lab:
         run("ip", "-n", self.switch, "link", "set", f"port{node.index}", "up")
         self._ready()
 
+    def leave(self, node: Node) -> None:
+        """The host leaves the Swarm (as an operator takes it out: `docker swarm leave`, then the manager
+        forgets it); its engine runs on."""
+        node.docker("swarm", "leave", "--force", timeout=30)
+        deadline = time.monotonic() + 30
+        while self.swarm_nodes().get(node.name) not in ("Down", None):
+            if time.monotonic() > deadline:
+                raise LabError(f"{node.name} left the Swarm but the manager still has it {self.swarm_nodes()}")
+            time.sleep(0.2)
+        self.manager.docker("node", "rm", "--force", node.name, check=False)
+
+    def rejoin(self, node: Node) -> None:
+        """The host joins the Swarm again as a worker; returns once every node is Ready."""
+        token = self.manager.docker("swarm", "join-token", "-q", "worker").strip()
+        node.docker(
+            "swarm", "join", f"--token={token}", f"--advertise-addr={node.address}", f"{self.manager.address}:2377"
+        )
+        self._ready()
+
     # -- down
 
     def down(self) -> None:

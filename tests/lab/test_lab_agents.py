@@ -9,14 +9,17 @@ from collections.abc import Iterator
 from datetime import timedelta
 
 import pytest
+from django.contrib.auth.models import User
 
 from portal.clock import database_now
 from sessions.gpus import hosts
+from sessions.gpus.allocator import AllocationRefused, SliceRequest, allocate, release
 from sessions.gpus.backends.simulated import parse_fleet
-from sessions.gpus.models import GpuHost
+from sessions.gpus.models import GpuHost, Slice
 from tests.gpus.conftest import use_fleet
 from tests.helpers import processes
 from tests.helpers.waiting import wait_for
+from tests.lab import invariants
 from tests.lab.fleet import fleet_spec
 from tests.lab.hosts import start_agent
 from tests.lab.lab import Lab
@@ -67,3 +70,29 @@ def test_each_host_beats_from_its_own_namespace_and_a_cut_link_loses_it_until_me
     finally:
         lab.mend(third)
     wait_for(lambda: beating(third.name), 60, f"{third.name} to beat again once its link is back")
+
+
+def test_a_killed_agent_loses_its_host_no_slice_goes_there_and_it_is_back_when_the_agent_restarts(
+    lab: Lab, agents: dict[str, subprocess.Popen[bytes]], alice: User
+) -> None:
+    """The agent of the second host is killed (SIGKILL: no goodbye): its host is lost within the bound, its
+    L4 is refused with the reason while the other host's is given, and once its supervisor starts the agent
+    again the host is up and its L4 is given again; the invariants hold throughout."""
+    second = lab.nodes[1]
+    wait_for(lambda: all(beating(node.name) for node in lab.nodes), 60, "every lab host's agent to beat")
+    agents[second.name].kill()
+    agents[second.name].wait(10)
+    wait_for(lambda: lost(second.name), 30, f"{second.name} to be lost")
+    with pytest.raises(AllocationRefused, match="lost"):
+        allocate(alice, SliceRequest("whole", model="L4", host=second.name))
+    elsewhere = allocate(alice, SliceRequest("whole", model="L4"))
+    assert elsewhere.gpu.host.name == lab.nodes[2].name, "the L4 of a host that is up"
+    invariants.check(lab)
+
+    agents[second.name] = start_agent(lab, second, HEARTBEAT_S)  # as its supervisor would
+    wait_for(lambda: beating(second.name), 60, f"{second.name} to beat again")
+    hosts.watch()
+    assert allocate(alice, SliceRequest("whole", model="L4", host=second.name)).gpu.host.name == second.name
+    for held in Slice.objects.filter(released_at__isnull=True).values_list("pk", flat=True):
+        release(held, "test over")
+    invariants.check(lab)
