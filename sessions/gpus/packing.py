@@ -14,9 +14,17 @@ from collections.abc import Iterable
 from django.conf import settings
 from django.db.models import OuterRef, QuerySet, Subquery, Sum
 
-from sessions.gpus.models import Gpu
+from sessions.gpus.models import Gpu, GpuHost
 
 PACK, SPREAD = "pack", "spread"
+
+
+def by_host(gpus: QuerySet[Gpu]) -> tuple[QuerySet[Gpu], tuple[str, ...]]:
+    """The GPUs with their hosts' load and the ordering that fills the right host first; on a fleet of one host,
+    as they are (the load would be a sum per candidate GPU, for nothing)."""
+    if GpuHost.objects.count() <= 1:
+        return gpus, ()
+    return with_host_load(gpus), (host_order(),)
 
 
 def host_order() -> str:

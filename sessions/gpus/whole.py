@@ -22,12 +22,12 @@ def allocate_gpu(owner: User, request: SliceRequest, holder: Holder | None) -> S
         if not anywhere.exists():
             raise AllocationRefused(f"No GPU{where} in the fleet is offered as a {label}.", code="unavailable")
         refuse_if_hosts_away(anywhere, f"a {label}{where}")
-    gpus = packing.with_host_load(pool.select_for_update(of=("self",), no_key=True))
+    gpus, hosts_first = packing.by_host(pool.select_for_update(of=("self",), no_key=True))
     if request.kind == Slice.Kind.WHOLE:  # on the host PORTAL_PLACEMENT fills first
-        gpu = gpus.filter(active_slices=0).order_by(packing.host_order(), "index", "id").first()
+        gpu = gpus.filter(active_slices=0).order_by(*hosts_first, "index", "id").first()
     else:  # on that host, the GPU with the fewest sessions
         free = gpus.filter(active_slices__lt=F("share_limit"))
-        gpu = free.order_by(packing.host_order(), "active_slices", "id").first()
+        gpu = free.order_by(*hosts_first, "active_slices", "id").first()
     if gpu is None:
         raise AllocationRefused(f"No {label}{where} is free now; try again later or pick a MIG slice.")
     gpu.active_slices += 1

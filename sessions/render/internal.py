@@ -96,6 +96,8 @@ def output(request: HttpRequest, job: RenderJob, path: str) -> HttpResponse:
     if not OUTPUT_PATH.fullmatch(path):
         return _refuse(400, "Only a run's frames and the thumbnails are given back, each under a plain name.")
     target = job.folder_path().joinpath(*PurePosixPath(path).parts)
+    if not files.inside(job.folder_path(), target.parent):  # a link on the way (a sandbox's): nothing goes there
+        return _refuse(409, "The file's folder is not a plain folder of the job's.")
     aside = target.with_name(f".{target.name}.part")
     if request.method == "PUT":
         return _part(request, job, aside)
