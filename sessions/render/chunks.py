@@ -257,8 +257,8 @@ def _rendered(claim: Claim, output: Path, watched: containers.Watched, bound: st
         if result.exit.output_exceeded:
             why = bound.exceeded() if bound.by_quota else _too_much_output(bound.limit)
             outcome = Outcome(why, outcome.excerpt, outcome.live, final=True)
-    except (RuntimeError_, FileNotFoundError, ValueError) as error:
-        outcome = Outcome(str(error), "", run.live())
+    except (RuntimeError_, FileNotFoundError, ValueError, filestore.StoreUnreachable) as error:
+        outcome = Outcome(str(error), "", run.live())  # a frame not given back: the attempt is tried again
     return outcome
 
 
