@@ -26,7 +26,7 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 
 from sessions.render import files, filestore, storage
 from sessions.render.models import RenderJob
-from sessions.render.portalstore import OUTPUT_PATH, scene_files, scene_relative, signed_host
+from sessions.render.portalstore import OUTPUT_PATH, scene_relative, signed_host
 
 log = logging.getLogger(__name__)
 View = Callable[..., HttpResponseBase]
@@ -61,7 +61,7 @@ def scene(request: HttpRequest, job: RenderJob) -> HttpResponse:
     """The scene's files, in order, with its recorded checksum (the worker checks what it fetched against it),
     and the job's estimate."""
     try:
-        listed = [{"path": path, "size": size} for path, size in scene_files(job.scene_path())]
+        listed = [{"path": path, "size": info.st_size} for path, info in filestore.plain_files(job.scene_path())]
     except (FileNotFoundError, filestore.SceneChanged) as error:
         return _refuse(409, f"The scene cannot be given: {error}")
     try:  # what the probe found, which the worker reads (the size of the frames it may decode)

@@ -31,7 +31,6 @@ import re
 import secrets
 import shutil
 import threading
-from collections.abc import Iterator
 from pathlib import Path, PurePosixPath
 from typing import Any, BinaryIO
 from urllib.parse import quote
@@ -47,7 +46,6 @@ from sessions.render.filestore import (
     LocalStore,
     SceneChanged,
     StoreUnreachable,
-    plain_files,
 )
 from sessions.render.models import RenderJob
 from sessions.runtime.render import Scene
@@ -93,9 +91,7 @@ class PortalStore(LocalStore):
     name = "portal"
 
     def __init__(self) -> None:
-        super().__init__()
-        if not settings.FILE_STORE_URL:
-            raise StoreUnreachable("PORTAL_RENDER_FILE_STORE is portal but PORTAL_FILE_STORE_URL is not set")
+        super().__init__()  # settings refuse to start without PORTAL_FILE_STORE_URL and PORTAL_FILE_STORE_KEY
         self.base = settings.FILE_STORE_URL.rstrip("/") + "/internal/render/jobs"
         self.root = Path(settings.RENDER_SCRATCH_DIR)
         self.host = str(settings.GPU_HOST_NAME)
@@ -249,9 +245,3 @@ def _error_of(answer: requests.Response) -> str:
         if isinstance(found, dict) and "error" in found:
             return f"{answer.status_code} {found['error']}"
     return f"{answer.status_code} {answer.reason}"
-
-
-def scene_files(folder: Path) -> Iterator[tuple[str, int]]:
-    """The scene's files as the portal lists them: path and size, in path order (never through a link)."""
-    for relative, status in plain_files(folder):
-        yield relative, status.st_size
