@@ -6,11 +6,16 @@ import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-# Every file that reads the environment: Django's settings, the first administrator, and what runs without
-# Django (the hub's configuration, the proxy's launcher, the user network and body limits they share with the
-# portal).
+# Every file that reads the environment: Django's settings (and each domain's, which they import), the first
+# administrator, and what runs without Django (the hub's configuration, the proxy's launcher, the user network and
+# body limits they share with the portal).
 READERS = [
     "portal/settings.py",
+    "portal/conf/base.py",
+    "portal/conf/billing.py",
+    "portal/conf/gpus.py",
+    "portal/conf/notebooks.py",
+    "portal/conf/render.py",
     "portal/management/commands/bootstrap_admin.py",
     "compose/hub/jupyterhub_config.py",
     "compose/hub/proxy.py",
