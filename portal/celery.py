@@ -111,7 +111,7 @@ def send_on_commit(name: str, *args: int, noted: Callable[[], object] | None = N
 app.conf.beat_schedule = {
     "portal-heartbeat": {"task": "portal.tasks.record_heartbeat", "schedule": 60.0},
     # A host whose agent went silent for PORTAL_HOST_LOST_AFTER_S is lost within this much more.
-    "watch-hosts": {"task": "sessions.gpus.tasks.watch_hosts", "schedule": 10.0},
+    "watch-hosts": {"task": "sessions.gpus.tasks.watch_hosts", "schedule": 5.0},
     # Each host's Swarm node as a manager sees it, for the fleet pages (nothing without PORTAL_SWARM_MANAGER).
     "watch-swarm": {"task": "sessions.runtime.tasks.watch_swarm", "schedule": 10.0},
     "reconcile-sessions": {"task": "sessions.notebooks.tasks.reconcile_sessions", "schedule": 20.0},

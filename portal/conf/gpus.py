@@ -23,7 +23,7 @@ SIMULATED_FLEET = env.text("PORTAL_SIMULATED_FLEET", "sim-1: 2xH200:mig, 1xA100-
 # charged past its last heartbeat) and after how much longer its holdings end at that heartbeat.
 GPU_NODE_ID = env.text("PORTAL_GPU_NODE_ID", "")
 HOST_HEARTBEAT_S = env.integer("PORTAL_HOST_HEARTBEAT_S", 5, minimum=1)
-HOST_LOST_AFTER_S = env.integer("PORTAL_HOST_LOST_AFTER_S", 30, minimum=3 * HOST_HEARTBEAT_S)
+HOST_LOST_AFTER_S = env.integer("PORTAL_HOST_LOST_AFTER_S", 20, minimum=3 * HOST_HEARTBEAT_S)
 HOST_GIVE_UP_AFTER_S = env.integer("PORTAL_HOST_GIVE_UP_AFTER_S", 3600, minimum=60)
 # How long a launch waits for its host's agent to make its MIG instance (sessions/gpus/orders.py); a host whose
 # heartbeat is stale fails it at once.

@@ -4,8 +4,10 @@ store at the switch's address, through the relay, so a cut link silences it as i
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import sys
+from collections.abc import Iterator
 
 from django.conf import settings
 
@@ -44,6 +46,17 @@ def start_agent(lab: Lab, node: Node, heartbeat_s: int) -> subprocess.Popen[byte
     env = host_env(lab, node, PORTAL_HOST_HEARTBEAT_S=str(heartbeat_s))
     command = [sys.executable, "manage.py", "gpu_agent", "--interval-ms", "500", "--no-docker"]
     return lab.start_in(node, command, env, ARTIFACTS / "logs" / f"lab-agent-{node.name}.log")
+
+
+@contextlib.contextmanager
+def running_agents(lab: Lab, heartbeat_s: int) -> Iterator[dict[str, subprocess.Popen[bytes]]]:
+    """Every lab host's agent, beating every ``heartbeat_s``, stopped again at the end."""
+    started = {node.name: start_agent(lab, node, heartbeat_s) for node in lab.nodes}
+    try:
+        yield started
+    finally:
+        for process in started.values():
+            processes.stop(process)
 
 
 def render_worker_name(node: Node) -> str:

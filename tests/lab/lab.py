@@ -358,7 +358,8 @@ class Lab:
             self._kill(namespace_pids(netns))
             run("ip", "netns", "del", netns, check=False)
         if self.folder.exists():
-            run("rm", "-rf", "--one-file-system", str(self.folder), check=False)
+            # Three engines' image layers: on a busy disk this takes more than a minute.
+            run("rm", "-rf", "--one-file-system", str(self.folder), check=False, timeout=300)
 
     def _stop_engine(self, node: Node) -> None:
         try:

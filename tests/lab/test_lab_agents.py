@@ -21,7 +21,7 @@ from tests.helpers import processes
 from tests.helpers.waiting import wait_for
 from tests.lab import invariants
 from tests.lab.fleet import fleet_spec
-from tests.lab.hosts import start_agent
+from tests.lab.hosts import running_agents, start_agent
 from tests.lab.lab import Lab
 
 pytestmark = [
@@ -37,10 +37,8 @@ HEARTBEAT_S = 1
 def agents(lab: Lab, settings) -> Iterator[dict[str, subprocess.Popen[bytes]]]:  # type: ignore[no-untyped-def]
     settings.HOST_HEARTBEAT_S, settings.HOST_LOST_AFTER_S = HEARTBEAT_S, 3 * HEARTBEAT_S
     use_fleet(settings, fleet_spec(lab.name))
-    started = {node.name: start_agent(lab, node, HEARTBEAT_S) for node in lab.nodes}
-    yield started
-    for process in started.values():
-        processes.stop(process)
+    with running_agents(lab, HEARTBEAT_S) as started:
+        yield started
 
 
 def beating(name: str) -> bool:

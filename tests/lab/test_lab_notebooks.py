@@ -7,31 +7,45 @@ hub (probed from inside it), and the stop ends it with the engine's moments."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import time
 from collections.abc import Iterator
+from datetime import timedelta
+from functools import partial
 from pathlib import Path
 
 import pytest
 import requests
+from django.conf import settings
 from django.contrib.auth.models import User
+from oauth2_provider.models import get_application_model
+from playwright.sync_api import Page, expect
 
+from billing import meter
+from billing.models import ChargedMinute
 from portal.celery import app
-from sessions.gpus.allocator import SliceRequest
+from portal.sso.clients import HUB_CLIENT_ID
+from sessions.gpus import hosts
+from sessions.gpus.allocator import AllocationRefused, SliceRequest, allocate
 from sessions.gpus.models import Gpu, GpuHost, Slice
 from sessions.notebooks.hub import Hub
 from sessions.notebooks.models import NotebookImage, NotebookSession
+from sessions.notebooks.reconcile import reconcile
 from sessions.notebooks.services import Launch, start_session, stop_session
 from sessions.runtime import swarm
 from sessions.runtime.times import engine_time
 from tests.conftest import ARTIFACTS, ROOT, RUN_ID, STACK
+from tests.e2e.conftest import log_in
 from tests.gpus.conftest import use_fleet
 from tests.helpers import processes
 from tests.helpers.waiting import state_of, wait_for
 from tests.lab import invariants
 from tests.lab.conftest import LAB_HUB_URL, LAB_PORTS
 from tests.lab.fleet import fleet_spec
+from tests.lab.hosts import running_agents
 from tests.lab.lab import SWITCH_ADDRESS, TEST_LAB, Lab, connect_probe
+from tests.render.stack import charged_by_the_meter
 
 pytestmark = [
     pytest.mark.docker,
@@ -176,6 +190,71 @@ def test_a_session_runs_as_a_swarm_service_on_the_host_the_allocator_chose(
     assert not Slice.objects.get(pk=taken.pk).active
 
 
+def in_state(session: NotebookSession, *states: str) -> bool:
+    return state_of(session) in states
+
+
+@pytest.fixture
+def lab_sign_on(lab_hub: str, notebook_image: NotebookImage) -> str:
+    """The portal takes the lab hub as its OAuth client too: the lab's public address is another door to the same
+    portal, so the hub's callback there is one more of the client's redirect addresses."""
+    application = get_application_model().objects.get(client_id=HUB_CLIENT_ID)
+    application.redirect_uris = f"{settings.HUB_OAUTH_CALLBACK_URL} {lab_hub}/jupyter/hub/oauth_callback"
+    application.save(update_fields=["redirect_uris"])
+    return lab_hub
+
+
+def test_two_sessions_land_on_two_hosts_one_opens_with_single_sign_on_and_both_stop_charged_once(
+    lab: Lab, lab_sign_on: str, through_the_lab: None, notebook_image: NotebookImage, alice: User, page: Page,
+    settings,  # type: ignore[no-untyped-def]
+) -> None:  # fmt: skip
+    """Two whole L4s asked for with no host named: the allocator puts them on the two hosts that have one, each
+    runs there as a Swarm service with its own GPU, JupyterLab of one opens in the browser through the one public
+    address with the portal's login alone, and once both are stopped every slice is free and every minute of
+    each holding was charged once."""
+    use_fleet(settings, fleet_spec(TEST_LAB))
+    Gpu.objects.exclude(host__name__startswith=f"{TEST_LAB}-").update(state=Gpu.State.MISSING)  # the lab's alone
+    sessions = []
+    for name in ("first", "second"):  # one after the other: a person has one session starting at a time
+        session = start_session(alice, Launch(SliceRequest("whole", model="L4"), notebook_image.pk, name))
+        wait_for(partial(in_state, session, NotebookSession.State.RUNNING, NotebookSession.State.FAILED), 180, "launch")
+        assert state_of(session) == NotebookSession.State.RUNNING, session.failure_detail
+        sessions.append(session)
+    taken = [Slice.objects.select_related("gpu__host").get(notebook=session) for session in sessions]
+    hosts = [held.gpu.host.name for held in taken]
+    assert sorted(hosts) == [lab.nodes[1].name, lab.nodes[2].name], hosts
+
+    for session, held in zip(sessions, taken, strict=True):
+        node = next(node for node in lab.nodes if node.name == held.gpu.host.name)
+        [container_id] = node.docker("ps", "-q", "--filter", f"label=gpu-portal.session={session.pk}").split()
+        state = json.loads(node.docker("inspect", container_id))[0]
+        assert f"NVIDIA_VISIBLE_DEVICES={held.device_uuid}" in state["Config"]["Env"]
+        assert node.docker("info", "--format", "{{.Name}}").strip() == node.name, "the container's own engine"
+        others = [other for other in lab.nodes if other.name != node.name]
+        for other in others:
+            assert other.docker("ps", "-q", "--filter", f"label=gpu-portal.session={session.pk}").split() == []
+
+    remote = sessions[1]
+    wait_for(lambda: Hub().servers(alice.username)["second"].ready, 30, "the hub to mark the server ready")
+    log_in(page, lab_sign_on, "alice")
+    page.goto(f"{lab_sign_on}/jupyter/user/alice/{remote.server_name}/lab")
+    expect(page).to_have_url(re.compile(rf"/jupyter/user/alice/{remote.server_name}/lab"), timeout=60_000)
+    expect(page).to_have_title(re.compile("JupyterLab"), timeout=60_000)
+    expect(page.locator("#jp-main-dock-panel")).to_be_visible(timeout=60_000)  # the lab itself, drawn
+    page.screenshot(path=str(ARTIFACTS / "screenshots" / "lab-jupyterlab-on-a-remote-host.png"))
+
+    for session in sessions:
+        stop_session(session.pk, by=alice)
+    for session in sessions:
+        wait_for(partial(in_state, session, NotebookSession.State.STOPPED), 90, "the session to stop")
+        assert session.container_gone_at is not None
+    for held in taken:
+        held.refresh_from_db()
+        assert not held.active
+        charged_by_the_meter(held)
+    invariants.check(lab)
+
+
 def test_a_server_asking_for_a_host_that_is_not_in_the_swarm_fails_with_the_reason(
     lab: Lab, lab_hub: str, through_the_lab: None, notebook_image: NotebookImage, alice: User, settings
 ) -> None:  # type: ignore[no-untyped-def]
@@ -276,4 +355,65 @@ def test_a_host_that_left_the_swarm_is_seen_gone_and_its_launches_fail_with_the_
         lab.rejoin(host)
     swarm.watch()
     assert GpuHost.objects.get(name=host.name).swarm_state == "ready"
+    invariants.check(lab)
+
+
+def test_a_cut_link_loses_its_host_within_the_bound_and_its_session_ends_charged_to_its_last_proof(
+    lab: Lab, lab_hub: str, through_the_lab: None, notebook_image: NotebookImage, alice: User, settings
+) -> None:  # type: ignore[no-untyped-def]
+    """The third host's link is cut while a session runs there, its agent beating at the portal's own pace:
+    the watch, at beat's pace, finds the host lost within the bound (PORTAL_HOST_LOST_AFTER_S plus one watch),
+    nothing more is placed there, and nothing is charged past its last heartbeat. Swarm, for its part, marks
+    the node down and, since nothing may restart the server, shuts its task down: when the link is back, the
+    node stops and removes the container. The portal then ends the session as crashed, settled to its last
+    proof of life (the minutes of the cut, unproven, are not charged), each minute charged once."""
+    use_fleet(settings, fleet_spec(TEST_LAB))
+    host = lab.nodes[2]
+    watch_every = float(app.conf.beat_schedule["watch-hosts"]["schedule"])
+    with running_agents(lab, settings.HOST_HEARTBEAT_S):
+        wait_for(lambda: GpuHost.objects.get(name=host.name).node_id == host.name, 60, "its agent to beat")
+        request = SliceRequest("whole", model="L4", host=host.name)
+        session = start_session(alice, Launch(request, notebook_image.pk, "cut"))
+        wait_for(partial(in_state, session, NotebookSession.State.RUNNING, NotebookSession.State.FAILED), 180, "launch")
+        assert state_of(session) == NotebookSession.State.RUNNING, session.failure_detail
+        held = Slice.objects.get(notebook=session)
+        assert held.held_from is not None
+        beaten = lambda: GpuHost.objects.get(name=host.name).heartbeat_at > held.held_from  # type: ignore[operator]  # noqa: E731
+        wait_for(beaten, 30, "a heartbeat from the host while the session runs")
+        lab.cut(host)
+        cut_at = time.monotonic()
+        try:
+            while host.name not in hosts.watch()["lost"]:  # as beat runs it
+                assert time.monotonic() - cut_at < 90, "the host was never lost"
+                time.sleep(watch_every)
+            detected = time.monotonic() - cut_at
+            (ARTIFACTS / "lab-detection.txt").write_text(f"link cut to host lost: {detected:.1f} s\n")
+            assert detected <= settings.HOST_LOST_AFTER_S + watch_every + 2 <= 30, f"lost after {detected:.1f} s"
+            with pytest.raises(AllocationRefused, match="lost"):
+                allocate(alice, SliceRequest("shared", model="A30", host=host.name))
+            meter.tick()
+            last_beat = GpuHost.objects.get(name=host.name).heartbeat_at
+            assert last_beat is not None
+            held.refresh_from_db()
+            charged = list(ChargedMinute.objects.filter(usage__slice=held).values_list("minute", flat=True))
+            assert held.seen_at is not None and held.seen_at <= last_beat, "no proof of life past the last beat"
+            past = [minute for minute in charged if held.held_from + timedelta(minutes=minute) > last_beat]
+            assert not past, f"charged {charged} from {held.held_from} to {held.seen_at}, last beat {last_beat}"
+            wait_for(lambda: lab.swarm_nodes().get(host.name) == "Down", 60, "the Swarm to see the node down")
+        finally:
+            lab.mend(host)
+        wait_for(lambda: GpuHost.objects.get(name=host.name).state == GpuHost.State.UP, 60, "its agent to beat again")
+
+        def ended() -> bool:
+            reconcile()  # as beat runs it
+            return state_of(session) not in NotebookSession.ACTIVE
+
+        wait_for(ended, 90, "the session to end: its node stopped the task Swarm had shut down")
+    assert session.state == NotebookSession.State.FAILED and session.ended_reason == session.EndReason.CRASHED
+    held.refresh_from_db()
+    assert not held.active and held.held_until is not None and held.held_until <= last_beat
+    charged_by_the_meter(held)
+    services = lambda: lab.manager.docker("service", "ls", "-q", "--filter", f"label=gpu-portal.session={session.pk}")  # noqa: E731
+    wait_for(lambda: not services().split(), 60, "the hub to remove the service of the ended server")
+    assert host.docker("ps", "-aq", "--filter", f"label=gpu-portal.session={session.pk}").split() == []
     invariants.check(lab)
