@@ -377,14 +377,26 @@ class PortalSwarmSpawner(PortalSpawner, SwarmSpawner):
             status = task["Status"]
             if status["State"] == "running":
                 return
-            if status["State"] in SWARM_ENDED:
-                why = status.get("Err") or status.get("Message") or status["State"]
+            if status["State"] in SWARM_ENDED or task.get("DesiredState") in SWARM_ENDED:
+                why = status.get("Err") or await self._given_up(task) or status.get("Message") or status["State"]
                 await self._remove_unstarted()
                 raise RuntimeError(f"Swarm did not start the server on {self.host} ({status['State']}): {why}")
             if time.monotonic() > deadline:
                 await self._remove_unstarted()
                 raise TimeoutError(f"The server's task on {self.host} did not run within {self.start_timeout} s")
             await asyncio.sleep(self.task_poll_interval)
+
+    async def _given_up(self, task: dict[str, Any]) -> str:
+        """Why Swarm gave up a task that never ran: its node went down (a dead engine, a cut link) and, as
+        nothing may restart the server, Swarm shut the task down; it would wait for the node for ever."""
+        if task.get("DesiredState") not in SWARM_ENDED or not task.get("NodeID"):
+            return ""
+        try:
+            node = await self.docker("inspect_node", task["NodeID"])
+        except Exception:  # the reason stays Swarm's own
+            return ""
+        state = node.get("Status", {}).get("State", "")
+        return f"its node is {state}: Swarm gave the task up before it ran" if state != "ready" else ""
 
     async def _remove_unstarted(self) -> None:
         """A server that never ran leaves nothing behind: its service goes, and Swarm removes its task's

@@ -36,6 +36,16 @@ def lab(docker_engine: str) -> Iterator[Lab]:
     built.down()
 
 
+@pytest.fixture
+def prices(transactional_db: None) -> None:
+    """The starting prices, which a transactional test before this one may have flushed with the migration's
+    rows: without them no holding would be charged, and the invariants would hold for nothing."""
+    from billing import seeds
+    from billing.models import Price
+
+    seeds.ensure(Price)
+
+
 def services() -> dict[int, int]:
     """The ports of this machine's PostgreSQL and Redis (127.0.0.1), offered to the lab's hosts on the switch."""
     from redis.connection import parse_url

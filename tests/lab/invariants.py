@@ -4,7 +4,7 @@
   more sessions on a shared GPU than its share limit;
 - no slice of a lost host handed out after the host was lost;
 - the ledger balanced, every transaction on its own;
-- every holding that ended settled to its end: charged, and its usage closed;
+- every holding that ended settled to its end: charged (a usage opened for it), and its usage closed;
 - no container without a row, nor a row without a container: each container of this run's portal on a lab
   engine belongs to an unreleased slice, and (``running``) each slice said to run has its container.
 """
@@ -51,9 +51,12 @@ def check(lab: Lab, running: Iterable[int] = (), settle_within: float = 60) -> N
         late = held.filter(gpu__host=host, allocated_at__gt=host.state_since)
         assert not late.exists(), f"slices of lost host {host.name} handed out after it was lost: {list(late)}"
 
+    ended = Slice.objects.filter(released_at__isnull=False, held_from__isnull=False)
+
     def settled() -> bool:
         meter.tick()
-        return not Usage.objects.filter(open=True, slice__released_at__isnull=False).exists()
+        closed = Usage.objects.filter(open=False, slice__in=ended).count()
+        return closed == ended.count()
 
     wait_for(settled, settle_within, "every ended holding charged to its end")
     assert ledger_total() == 0 and unbalanced_transactions() == [], "the ledger is balanced"

@@ -321,6 +321,22 @@ class Lab:
         run("ip", "-n", self.switch, "link", "set", f"port{node.index}", "up")
         self._ready()
 
+    def kill_engine(self, node: Node) -> None:
+        """The host's dockerd dies (SIGKILL: no goodbye to the Swarm); its namespace and the rest run on."""
+        _signal(int(node.pidfile.read_text()), signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while node.answers():
+            if time.monotonic() > deadline:
+                raise LabError(f"the engine of {node.name} still answers after SIGKILL")
+            time.sleep(0.1)
+
+    def start_engine(self, node: Node) -> None:
+        """Start the host's dockerd again on its data (as its supervisor would); returns once the Swarm has the
+        host back (Ready)."""
+        node.pidfile.unlink(missing_ok=True)
+        self._engine(node)
+        self._ready()
+
     def leave(self, node: Node) -> None:
         """The host leaves the Swarm (as an operator takes it out: `docker swarm leave`, then the manager
         forgets it); its engine runs on."""

@@ -34,7 +34,7 @@ HEARTBEAT_S = 1
 
 
 @pytest.fixture
-def agents(lab: Lab, settings) -> Iterator[dict[str, subprocess.Popen[bytes]]]:  # type: ignore[no-untyped-def]
+def agents(lab: Lab, prices: None, settings) -> Iterator[dict[str, subprocess.Popen[bytes]]]:  # type: ignore[no-untyped-def]
     settings.HOST_HEARTBEAT_S, settings.HOST_LOST_AFTER_S = HEARTBEAT_S, 3 * HEARTBEAT_S
     use_fleet(settings, fleet_spec(lab.name))
     with running_agents(lab, HEARTBEAT_S) as started:

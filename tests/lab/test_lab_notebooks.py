@@ -116,7 +116,7 @@ def lab_worker(lab_hub: str) -> Iterator[str]:
 
 
 @pytest.fixture
-def through_the_lab(lab_worker: str, settings) -> Iterator[None]:  # type: ignore[no-untyped-def]
+def through_the_lab(lab_worker: str, prices: None, settings) -> Iterator[None]:  # type: ignore[no-untyped-def]
     """This test's launches and stops go to the lab's worker (the portal's default queue, for this test)."""
     settings.HUB_API_URL = f"http://127.0.0.1:{LAB_PORTS['public']}/jupyter/hub/api"
     default = app.conf.task_default_queue
@@ -415,5 +415,36 @@ def test_a_cut_link_loses_its_host_within_the_bound_and_its_session_ends_charged
     charged_by_the_meter(held)
     services = lambda: lab.manager.docker("service", "ls", "-q", "--filter", f"label=gpu-portal.session={session.pk}")  # noqa: E731
     wait_for(lambda: not services().split(), 60, "the hub to remove the service of the ended server")
-    assert host.docker("ps", "-aq", "--filter", f"label=gpu-portal.session={session.pk}").split() == []
+    left = lambda: host.docker("ps", "-aq", "--filter", f"label=gpu-portal.session={session.pk}").split()  # noqa: E731
+    wait_for(lambda: not left(), 60, "Swarm to remove the task's container with its service")
+    invariants.check(lab)
+
+
+def test_a_hosts_engine_killed_mid_launch_fails_the_launch_saying_so_and_leaves_nothing_once_it_is_back(
+    lab: Lab, lab_hub: str, through_the_lab: None, notebook_image: NotebookImage, alice: User, settings
+) -> None:  # type: ignore[no-untyped-def]
+    """The second host's dockerd dies (SIGKILL) as a launch there is on its way, before its server can run:
+    Swarm sees the node down and gives the task up, and the launch fails saying so, where SwarmSpawner would
+    wait out its whole start timeout for a node that does not answer: the service removed, the slice free,
+    nothing charged. Once the engine runs again, the host is back in the Swarm with nothing of the launch."""
+    use_fleet(settings, fleet_spec(TEST_LAB))
+    host = lab.nodes[1]
+    began = time.monotonic()
+    request = SliceRequest("whole", model="L4", host=host.name)
+    session = start_session(alice, Launch(request, notebook_image.pk, "engine"))
+    lab.kill_engine(host)
+    try:
+        ended = partial(in_state, session, NotebookSession.State.FAILED, NotebookSession.State.RUNNING)
+        wait_for(ended, 120, "the launch to end")
+        took = time.monotonic() - began
+    finally:
+        lab.start_engine(host)
+    assert state_of(session) == NotebookSession.State.FAILED, "the server never ran"
+    assert "down" in session.failure_detail, session.failure_detail
+    assert took < 60, f"the launch took {took:.0f} s to fail"
+    assert not Slice.objects.get(notebook=session).active
+    services = lab.manager.docker("service", "ls", "-q", "--filter", f"label=gpu-portal.session={session.pk}")
+    assert services.split() == [], "the service of the start that never ran is removed"
+    left = lambda: host.docker("ps", "-aq", "--filter", f"label=gpu-portal.session={session.pk}").split()  # noqa: E731
+    wait_for(lambda: not left(), 60, "nothing of the launch left on the host once its engine is back")
     invariants.check(lab)

@@ -84,7 +84,13 @@ def at_once(chunks: list[RenderChunk], one: str, other: str) -> bool:
 
 
 def test_one_jobs_chunks_render_on_two_hosts_at_once_through_the_portals_file_store(
-    lab: Lab, render_hosts: dict[str, subprocess.Popen[bytes]], render_stack: Path, scenes: Path, alice: User, settings
+    lab: Lab,
+    render_hosts: dict[str, subprocess.Popen[bytes]],
+    render_stack: Path,
+    scenes: Path,
+    alice: User,
+    prices: None,
+    settings,
 ) -> None:  # type: ignore[no-untyped-def]
     use_fleet(settings, fleet_spec(lab.name))
     n2, n3 = (node.name for node in lab.nodes[1:])
