@@ -3,8 +3,9 @@
 Part ``allocation``: the allocator's decision time (allocate+release of a MIG slice through the launch path's
 allocator, p50 and p99, and eight processes at once) on 3 hosts of 64 simulated H200 each, against one host of
 all 192, on PostgreSQL, the two interleaved over --rounds. On several hosts the allocator also chooses the host
-(PORTAL_PLACEMENT, pack by default): one grouped count of the candidate hosts' slices per placement, which a
-fleet of one host never pays. Headline: the p99 on three hosts over the p99 on one; goal ratio <= 1.25.
+(PORTAL_PLACEMENT, pack by default) by each host's slices, which come with the first look at the layouts (no
+round trip of their own); a fleet of one host skips counting them. Headline: the p99 on three hosts over the p99
+on one; goal ratio <= 1.25.
 
 The issue's other figures (a launch to JupyterLab on a remote lab host against the single-host path, the
 detection of a cut link, a 48-frame job on one host against two) need the lab (tests/lab) and are not measured

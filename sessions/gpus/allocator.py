@@ -150,10 +150,11 @@ def _first_look(owner: User, request: SliceRequest) -> tuple[int, int, list[tupl
 
 def _groups_sql(request: SliceRequest) -> tuple[str, list[Any]]:
     """The distinct (model, policy, layout) among working MIG GPUs where the profile may fit, per host, first
-    GPU first.
+    GPU first, each with its host's load (on a fleet of one host: None).
 
     A fleet of a thousand GPUs has far fewer distinct layouts, and any GPU of a layout is as good as another
-    on its host; between hosts, PORTAL_PLACEMENT chooses (``sessions.gpus.packing``).
+    on its host; between hosts, PORTAL_PLACEMENT chooses (``sessions.gpus.packing``) by the load, read here so
+    that choosing costs no round trip of its own.
     """
     fits, params = [], []
     for model in models_for(request):
@@ -164,9 +165,20 @@ def _groups_sql(request: SliceRequest) -> tuple[str, list[Any]]:
     if request.host:
         where += f" AND host_id IN (SELECT id FROM {HOST} WHERE name = %s)"
         params.append(request.host)
-    sql = (
+    layouts = (
         f"SELECT model_name, mig_policy, layout_key, min(id) AS first, host_id FROM {GPU} WHERE {where}"
-        " GROUP BY model_name, mig_policy, layout_key, host_id ORDER BY first"  # the key holds compute_used
+        " GROUP BY model_name, mig_policy, layout_key, host_id"  # the key holds compute_used
+    )
+    # A host's load is the slices all its GPUs hold, of every kind: one grouped scan, joined to the layouts'
+    # few rows (a sum per row would scan a host's GPUs once per layout). On a fleet of one host, the one-time
+    # filter skips the scan.
+    loads = (
+        f"SELECT host_id, sum(active_slices) AS held FROM {GPU}"
+        f" WHERE (SELECT count(*) FROM {HOST}) > 1 GROUP BY host_id"
+    )
+    sql = (
+        "SELECT model_name, mig_policy, layout_key, first, host_id, held"
+        f" FROM ({layouts}) layouts LEFT JOIN ({loads}) loads USING (host_id) ORDER BY first"
     )
     return sql, params
 
@@ -222,16 +234,17 @@ def _firsts(groups: list[tuple[Any, ...]], model: GpuModel) -> tuple[dict[str, i
     """The GPU to claim for each dynamic layout of the model (on several hosts: on the host PORTAL_PLACEMENT
     fills first), and whether any static layout may hold the profile."""
     on_hosts: dict[str, list[tuple[int, int]]] = {}
+    load: dict[int, int] = {}
     static = False
-    for name, policy, key, first, host in groups:
+    for name, policy, key, first, host, held in groups:
         if name == model.name:
             if policy == Gpu.Policy.DYNAMIC:
                 on_hosts.setdefault(key, []).append((first, host))
+                load[host] = int(held or 0)
             else:
                 static = True
-    if len({host for pairs in on_hosts.values() for _, host in pairs}) <= 1:  # one host: nothing to choose
+    if len(load) <= 1:  # one host: nothing to choose
         return {key: min(pairs)[0] for key, pairs in on_hosts.items()}, static
-    load = packing.loads({host for pairs in on_hosts.values() for _, host in pairs})
     return {key: packing.first_by_host(pairs, load) for key, pairs in on_hosts.items()}, static
 
 

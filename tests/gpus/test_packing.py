@@ -6,9 +6,12 @@ from __future__ import annotations
 
 import pytest
 from django.contrib.auth.models import User
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 
 from sessions.gpus.allocator import SliceRequest, allocate, release
 from sessions.gpus.models import Slice
+from sessions.gpus.placement import first_fit
 from tests.gpus.conftest import FleetMaker
 
 pytestmark = pytest.mark.django_db
@@ -52,3 +55,18 @@ def test_a_mig_slice_goes_to_the_busier_host_when_packing_and_the_idler_when_spr
     settings.PLACEMENT = placement
     taken = allocate(alice, SliceRequest("mig", "1g.18gb", model="H200"))
     assert host_of(taken) == expected
+
+
+def test_choosing_the_host_of_a_mig_slice_costs_no_query_of_its_own(make_fleet: FleetMaker, alice: User) -> None:
+    """The hosts' load comes with the first look at the layouts: a MIG request that two hosts could serve runs
+    as many statements as one that only host a can."""
+    make_fleet("a: 1xA100-80GB:mig, 1xH200:mig; b: 1xH200:mig, 2xL4:whole")
+    for _ in range(2):  # b stays the busier host after a's A100 slice: the choice is a real one
+        allocate(alice, SliceRequest("whole", model="L4", host="b"))
+    counts = {}
+    for model, profile in (("A100-80GB", "1g.10gb"), ("H200", "1g.18gb")):  # on host a alone, on a or b
+        with CaptureQueriesContext(connection) as queries:
+            taken = allocate(alice, SliceRequest("mig", profile, model=model), rule=first_fit)
+        counts[model] = len(queries)
+    assert host_of(taken) == "b"
+    assert counts["H200"] == counts["A100-80GB"], "choosing between hosts a and b added a statement"
