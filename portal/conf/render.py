@@ -27,6 +27,9 @@ FILE_STORE_URL = env.text("PORTAL_FILE_STORE_URL", "")
 # The hosts whose render queues this machine's render worker reads (sessions/render/queues.py); empty: its GPU
 # agent's hosts, and with simulated GPUs every simulated host whose engine is this machine's.
 RENDER_HOSTS = env.items("PORTAL_RENDER_HOSTS", [])
+# A host whose render queue no running worker has read for this long, while chunks render there, lost its render
+# worker (killed, or its machine cut off): reconciliation puts those chunks back for the other hosts' workers.
+RENDER_WORKER_SILENCE_S = env.integer("PORTAL_RENDER_WORKER_SILENCE_S", 60, minimum=0)
 # Estimates' own queue (the probe), read by a worker of its own, so an upload is estimated while renders hold
 # every render thread; empty: the default queue's name plus "-estimate".
 ESTIMATE_QUEUE = env.text("PORTAL_ESTIMATE_QUEUE", "")

@@ -41,6 +41,17 @@ def hosts_here() -> list[str]:
     return sorted(hosts)
 
 
+def hosts_read() -> set[str] | None:
+    """The hosts whose render queue some running worker reads now, in the workers' own answers (a broadcast that
+    waits a second for them); None when no worker answers at all (the broker away: nothing to conclude)."""
+    replies = app.control.inspect(timeout=1.0).active_queues()
+    if not replies:
+        return None
+    prefix = f"{render_queue()}@"
+    names = (queue.get("name", "") for queues in replies.values() for queue in queues or ())
+    return {name.removeprefix(prefix) for name in names if name.startswith(prefix)}
+
+
 def host_of(slice_id: int) -> str:
     return str(Slice.objects.filter(pk=slice_id).values_list("gpu__host__name", flat=True).get())
 

@@ -7,9 +7,11 @@ for the time a dead worker held them, and each job is given slices and workers a
 at its start, sends the probes it was running again (their slices released at their last proof of life).
 Reconciliation frees what a crashed job left: slices a finished (or vanished) job still holds, containers of
 jobs that ended, chunks whose container is gone (their slice released at its last proof of life); seeks slices
-for jobs that wait, releases slices nobody has worked on for a while (their worker died between chunks) and
-sends workers to slices never started; and sends the estimate, or the unpacking of an upload, again where its
-task was lost (a broker that did not answer the upload, a worker that died).
+for jobs that wait, puts back the chunks of a host whose render worker is gone (no running worker reads its
+queue, ``PORTAL_RENDER_WORKER_SILENCE_S``) for the other hosts' workers, releases slices nobody has worked on
+for a while (their worker died between chunks) and sends workers to slices never started; and sends the
+estimate, or the unpacking of an upload, again where its task was lost (a broker that did not answer the
+upload, a worker that died).
 As with notebooks (sessions/notebooks/reconcile.py), safe to run at any time.
 """
 
@@ -17,8 +19,11 @@ from __future__ import annotations
 
 import functools
 import logging
+import time
 from datetime import timedelta
 
+from django.conf import settings
+from django.core.cache import cache
 from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
@@ -27,7 +32,7 @@ from portal.celery import send
 from sessions.gpus import holdings
 from sessions.gpus.holders import HolderKind
 from sessions.gpus.models import GpuHost, Slice
-from sessions.render import containers, jobs, progress, services, slices, unpacking
+from sessions.render import containers, jobs, progress, queues, services, slices, unpacking
 from sessions.render.models import RenderChunk, RenderFrame, RenderJob
 from sessions.runtime import engines
 from sessions.runtime.docker import RuntimeError_
@@ -120,11 +125,46 @@ def reconcile() -> dict[str, int]:
     counts["slices_released"] = _release_leftover_slices()
     counts["containers_removed"] = _remove_leftover_containers()
     counts["chunks_put_back"] = _put_back_lost_chunks()
+    counts["hosts_recovered"] = _recover_hosts_without_worker()
     waiting = RenderJob.objects.filter(state__in=services.RUNNING, chunks__state=ChunkState.PENDING).distinct()
     for job_id in waiting.values_list("pk", flat=True):
         if _wants_workers(job_id):
             counts["workers_sent"] += slices.dispatch(job_id)
     return counts
+
+
+def _recover_hosts_without_worker() -> int:
+    """A host with chunks rendering whose render queue no running worker has read for
+    PORTAL_RENDER_WORKER_SILENCE_S lost its render worker mid-chunk (killed, its machine cut off): what a restart
+    of that worker would do is done now (``recover_after_restart``: its chunks' containers stopped, the chunks
+    put back without losing an attempt, its slices released at their last proof of life), so the other hosts'
+    workers render them. A host whose engine does not answer is left as it is: a container that may still run
+    keeps its GPU, and its slice stays held."""
+    rendering = RenderChunk.objects.filter(state=ChunkState.RENDERING, slice__isnull=False)
+    hosts = set(rendering.values_list("slice__gpu__host__name", flat=True))
+    read = queues.hosts_read() if hosts else None
+    if read is None:
+        return 0
+    recovered, now = 0, time.time()
+    for host in sorted(hosts):
+        key = f"render-worker-missing:{host}"
+        if host in read:
+            cache.delete(key)
+            continue
+        # Since when it is missing: the first look that missed it, forgotten a while after (a host seen missing
+        # once, long ago, is not missing since then).
+        cache.add(key, now, timeout=settings.RENDER_WORKER_SILENCE_S + 120)
+        if now - float(cache.get(key, now)) < settings.RENDER_WORKER_SILENCE_S:
+            continue
+        log.warning("no render worker reads the queue of %s: its chunks are put back for other hosts", host)
+        try:  # the engine's first answer comes before anything is put back
+            recover_after_restart(host)
+        except (RuntimeError_, OSError) as error:
+            log.error("the engine of %s does not answer either; its chunks stay as they are: %s", host, error)
+            continue
+        cache.delete(key)
+        recovered += 1
+    return recovered
 
 
 def _wants_workers(job_id: int) -> bool:

@@ -17,7 +17,7 @@ from django.contrib.auth.models import User
 
 from sessions.gpus.holders import HolderKind
 from sessions.gpus.models import Slice
-from sessions.render import slices
+from sessions.render import recovery, slices
 from sessions.render.models import RenderChunk, RenderFrame, RenderJob
 from sessions.runtime.render import RENDER_IMAGE
 from tests.conftest import ARTIFACTS
@@ -106,16 +106,21 @@ def test_one_jobs_chunks_render_on_two_hosts_at_once_through_the_portals_file_st
     hosts = {chunk.slice.gpu.host.name for chunk in chunks if chunk.slice is not None}
     assert hosts == {n2, n3}, f"the chunks ran on {hosts}"
     assert at_once(chunks, n2, n3), "a chunk on each host rendered at the same time"
-    for frame in RenderFrame.objects.filter(job=job):
-        kept = job.folder_path() / frame.output_path
-        assert hashlib.sha256(kept.read_bytes()).hexdigest() == frame.sha256, f"frame {frame.number} came back whole"
-        assert (job.folder_path() / frame.thumbnail_path).is_file()
+    assert_frames_whole(job)
 
     held = Slice.objects.filter(holder_kind=HolderKind.RENDER, holder_id=job.pk, released_at__isnull=True)
     wait_for(lambda: not held.exists(), 60, "both slices released (each worker's last run over)")
     for node in lab.nodes[1:]:
         assert_rendered_away(node, job)
     invariants.check(lab)
+
+
+def assert_frames_whole(job: RenderJob) -> None:
+    """Every frame of the job, and its thumbnail, is in the job's folder, as its worker's checksum says."""
+    for frame in RenderFrame.objects.filter(job=job):
+        kept = job.folder_path() / frame.output_path
+        assert hashlib.sha256(kept.read_bytes()).hexdigest() == frame.sha256, f"frame {frame.number} came back whole"
+        assert (job.folder_path() / frame.thumbnail_path).is_file()
 
 
 def assert_rendered_away(node: Node, job: RenderJob) -> None:
@@ -127,3 +132,56 @@ def assert_rendered_away(node: Node, job: RenderJob) -> None:
     kept = sorted(path.name for path in scratch.iterdir())
     assert kept == ["estimate.json", f"scene-{job.scene_sha256[:16]}"], "the host keeps the scene and estimate alone"
     assert not (node.folder / "no-render-folder").exists(), f"{node.name}'s worker made a render folder"
+
+
+def test_a_render_worker_killed_mid_chunk_has_its_chunk_rendered_on_the_other_host(
+    lab: Lab,
+    render_hosts: dict[str, subprocess.Popen[bytes]],
+    render_stack: Path,
+    scenes: Path,
+    alice: User,
+    prices: None,
+    settings,
+) -> None:  # type: ignore[no-untyped-def]
+    """The second host's render worker is killed (SIGKILL) while a chunk of a job renders there: reconciliation
+    finds that no running worker reads that host's queue, stops the chunk's container on the host's engine,
+    puts the chunk back without counting the attempt and releases the host's slice at its last proof of life;
+    the third host's worker renders it, the job ends with every frame whole, and the invariants hold."""
+    settings.RENDER_WORKER_SILENCE_S = 0  # at the first look that misses it (the default waits a minute)
+    use_fleet(settings, fleet_spec(lab.name))
+    second, third = lab.nodes[1:]
+    job = queued_on_l4s(alice, scenes / "small.blend", list(range(1, 13)))
+    assert slices.dispatch(job.pk) == 2
+    on_second = RenderChunk.objects.filter(
+        job=job, state=RenderChunk.State.RENDERING, slice__gpu__host__name=second.name
+    )
+    wait_for(on_second.exists, 180, f"a chunk rendering on {second.name}")
+    cut_off = on_second.get()
+    assert cut_off.slice_id is not None
+    render_hosts[second.name].kill()
+    render_hosts[second.name].wait(10)
+
+    def put_back() -> bool:
+        recovery.reconcile()  # as beat runs it
+        return RenderChunk.objects.get(pk=cut_off.pk).slice_id != cut_off.slice_id or not on_second.exists()
+
+    wait_for(put_back, 60, "the chunk of the killed worker put back")
+    assert not Slice.objects.get(pk=cut_off.slice_id).active, "the killed worker's slice is released"
+    left = lambda: second.docker("ps", "-aq", "--filter", f"label=gpu-portal.render_chunk={cut_off.pk}").split()  # noqa: E731
+    assert left() == [], "its container stopped and removed on its host"
+
+    def job_done() -> bool:
+        recovery.reconcile()
+        return RenderJob.objects.get(pk=job.pk).ended
+
+    wait_for(job_done, 300, "the job to end on the other host")
+    job.refresh_from_db()
+    assert job.state == RenderJob.State.DONE, job.failure_message
+    again = RenderChunk.objects.select_related("slice__gpu__host").get(pk=cut_off.pk)
+    assert again.state == RenderChunk.State.DONE and again.slice is not None
+    assert again.slice.gpu.host.name == third.name, "rendered on the host whose worker runs"
+    assert again.attempts == 1, "the cut-off attempt is not counted against it"
+    assert_frames_whole(job)
+    held = Slice.objects.filter(holder_kind=HolderKind.RENDER, holder_id=job.pk, released_at__isnull=True)
+    wait_for(lambda: recovery.reconcile() is not None and not held.exists(), 60, "the job's slices released")
+    invariants.check(lab)
