@@ -117,10 +117,14 @@ def test_network() -> UserNetwork:
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Browser tests go last: Playwright's sync API keeps an event loop running in
-    this thread for the rest of the session, which asyncio tests cannot share."""
-    browser_tests = [item for item in items if "tests/e2e/" in str(item.path)]
+    this thread for the rest of the session, which asyncio tests cannot share. So
+    does any other test that opens a page (the lab's single sign-on test)."""
+    browser_tests = [
+        item for item in items if "tests/e2e/" in str(item.path) or "page" in getattr(item, "fixturenames", ())
+    ]
     for item in browser_tests:
-        item.add_marker(pytest.mark.e2e)
+        if "tests/e2e/" in str(item.path):
+            item.add_marker(pytest.mark.e2e)
     items[:] = [item for item in items if item not in browser_tests] + browser_tests
 
 
