@@ -44,7 +44,7 @@ from tests.lab import invariants
 from tests.lab.conftest import LAB_HUB_URL, LAB_PORTS
 from tests.lab.fleet import fleet_spec
 from tests.lab.hosts import running_agents
-from tests.lab.lab import SWITCH_ADDRESS, TEST_LAB, Lab, connect_probe
+from tests.lab.lab import SWITCH_ADDRESS, TEST_LAB, Lab, Node, connect_probe
 from tests.render.stack import charged_by_the_meter
 
 pytestmark = [
@@ -139,9 +139,7 @@ def test_a_session_runs_as_a_swarm_service_on_the_host_the_allocator_chose(
     taken = Slice.objects.get(pk=session.slice_id)
 
     manager = lab.manager
-    [service_id] = manager.docker(
-        "service", "ls", "-q", "--filter", f"label=gpu-portal.session={session.pk}"
-    ).split() or [""]
+    [service_id] = services_of(lab, session) or [""]
     assert service_id, "the server is a Swarm service"
     service = json.loads(manager.docker("service", "inspect", service_id))[0]["Spec"]
     node_id = manager.docker("node", "inspect", host.name, "--format", "{{.ID}}").strip()
@@ -153,7 +151,7 @@ def test_a_session_runs_as_a_swarm_service_on_the_host_the_allocator_chose(
     assert f"NVIDIA_VISIBLE_DEVICES={taken.device_uuid}" in task["ContainerSpec"]["Env"]
 
     # The container runs on the chosen host's own engine, as the image's unprivileged user.
-    [container_id] = host.docker("ps", "-q", "--filter", f"label=gpu-portal.session={session.pk}").split()
+    [container_id] = containers_of(host, session, running=True)
     state = json.loads(host.docker("inspect", container_id))[0]
     assert state["Config"]["User"] in ("", "1000", "jovyan") and state["HostConfig"]["CapDrop"] == ["ALL"]
     started = engine_time(state["State"]["StartedAt"])
@@ -185,9 +183,20 @@ def test_a_session_runs_as_a_swarm_service_on_the_host_the_allocator_chose(
 
     stop_session(session.pk, by=alice)
     wait_for(lambda: state_of(session) == NotebookSession.State.STOPPED, 90, "the session to stop")
-    assert manager.docker("service", "ls", "-q", "--filter", f"label=gpu-portal.session={session.pk}").split() == []
+    assert services_of(lab, session) == []
     assert session.container_gone_at is not None and session.container_gone_at >= session.container_started_at
     assert not Slice.objects.get(pk=taken.pk).active
+
+
+def services_of(lab: Lab, session: NotebookSession) -> list[str]:
+    """The Swarm services of the session's server, as the lab's manager lists them."""
+    return lab.manager.docker("service", "ls", "-q", "--filter", f"label=gpu-portal.session={session.pk}").split()
+
+
+def containers_of(node: Node, session: NotebookSession, running: bool = False) -> list[str]:
+    """The session's containers on one lab host's engine (``running``: only those that run)."""
+    listed = "-q" if running else "-aq"
+    return node.docker("ps", listed, "--filter", f"label=gpu-portal.session={session.pk}").split()
 
 
 def in_state(session: NotebookSession, *states: str) -> bool:
@@ -226,13 +235,13 @@ def test_two_sessions_land_on_two_hosts_one_opens_with_single_sign_on_and_both_s
 
     for session, held in zip(sessions, taken, strict=True):
         node = next(node for node in lab.nodes if node.name == held.gpu.host.name)
-        [container_id] = node.docker("ps", "-q", "--filter", f"label=gpu-portal.session={session.pk}").split()
+        [container_id] = containers_of(node, session, running=True)
         state = json.loads(node.docker("inspect", container_id))[0]
         assert f"NVIDIA_VISIBLE_DEVICES={held.device_uuid}" in state["Config"]["Env"]
         assert node.docker("info", "--format", "{{.Name}}").strip() == node.name, "the container's own engine"
         others = [other for other in lab.nodes if other.name != node.name]
         for other in others:
-            assert other.docker("ps", "-q", "--filter", f"label=gpu-portal.session={session.pk}").split() == []
+            assert containers_of(other, session, running=True) == []
 
     remote = sessions[1]
     wait_for(lambda: Hub().servers(alice.username)["second"].ready, 30, "the hub to mark the server ready")
@@ -281,7 +290,7 @@ def test_a_hub_restarted_while_a_remote_server_runs_finds_it_again_and_stops_it_
         lambda: state_of(session) in (NotebookSession.State.RUNNING, NotebookSession.State.FAILED), 180, "the launch"
     )
     assert state_of(session) == NotebookSession.State.RUNNING, session.failure_detail
-    [container_id] = host.docker("ps", "-q", "--filter", f"label=gpu-portal.session={session.pk}").split()
+    [container_id] = containers_of(host, session, running=True)
     started = host.docker("inspect", "--format", "{{.State.StartedAt}}", container_id).strip()
 
     lab_hubs.restart()
@@ -299,7 +308,7 @@ def test_a_hub_restarted_while_a_remote_server_runs_finds_it_again_and_stops_it_
 
     stop_session(session.pk, by=alice)
     wait_for(lambda: state_of(session) == NotebookSession.State.STOPPED, 90, "the session to stop")
-    assert host.docker("ps", "-aq", "--filter", f"label=gpu-portal.session={session.pk}").split() == []
+    assert containers_of(host, session) == []
     assert session.container_gone_at is not None
     invariants.check(lab)
 
@@ -326,10 +335,9 @@ def test_a_task_that_fails_to_start_on_its_node_fails_the_launch_at_once_with_th
         known.write_text(kept)
     assert f"no such GPU on this host: {l4}" in session.failure_detail, session.failure_detail
     assert took < 30, f"the failure took {took:.0f} s: a rejected task is no pending one"
-    services_left = lab.manager.docker("service", "ls", "-q", "--filter", f"label=gpu-portal.session={session.pk}")
-    assert services_left.split() == [], "the service of a failed start is removed"
-    containers = lambda: host.docker("ps", "-aq", "--filter", f"label=gpu-portal.session={session.pk}").split()  # noqa: E731
-    wait_for(lambda: not containers(), 30, "Swarm to remove the failed task's container with its service")
+    assert services_of(lab, session) == [], "the service of a failed start is removed"
+    gone = lambda: not containers_of(host, session)  # noqa: E731
+    wait_for(gone, 30, "Swarm to remove the failed task's container with its service")
     assert session.slice_id is not None and not Slice.objects.get(pk=session.slice_id).active
     invariants.check(lab)
 
@@ -413,10 +421,8 @@ def test_a_cut_link_loses_its_host_within_the_bound_and_its_session_ends_charged
     held.refresh_from_db()
     assert not held.active and held.held_until is not None and held.held_until <= last_beat
     charged_by_the_meter(held)
-    services = lambda: lab.manager.docker("service", "ls", "-q", "--filter", f"label=gpu-portal.session={session.pk}")  # noqa: E731
-    wait_for(lambda: not services().split(), 60, "the hub to remove the service of the ended server")
-    left = lambda: host.docker("ps", "-aq", "--filter", f"label=gpu-portal.session={session.pk}").split()  # noqa: E731
-    wait_for(lambda: not left(), 60, "Swarm to remove the task's container with its service")
+    wait_for(lambda: not services_of(lab, session), 60, "the hub to remove the service of the ended server")
+    wait_for(lambda: not containers_of(host, session), 60, "Swarm to remove the task's container with its service")
     invariants.check(lab)
 
 
@@ -443,8 +449,7 @@ def test_a_hosts_engine_killed_mid_launch_fails_the_launch_saying_so_and_leaves_
     assert "down" in session.failure_detail, session.failure_detail
     assert took < 60, f"the launch took {took:.0f} s to fail"
     assert not Slice.objects.get(notebook=session).active
-    services = lab.manager.docker("service", "ls", "-q", "--filter", f"label=gpu-portal.session={session.pk}")
-    assert services.split() == [], "the service of the start that never ran is removed"
-    left = lambda: host.docker("ps", "-aq", "--filter", f"label=gpu-portal.session={session.pk}").split()  # noqa: E731
-    wait_for(lambda: not left(), 60, "nothing of the launch left on the host once its engine is back")
+    assert services_of(lab, session) == [], "the service of the start that never ran is removed"
+    gone = lambda: not containers_of(host, session)  # noqa: E731
+    wait_for(gone, 60, "nothing of the launch left on the host once its engine is back")
     invariants.check(lab)
