@@ -62,6 +62,8 @@ def pytest_configure(config: pytest.Config) -> None:
     # Notebook containers go on a bridge of this run's own, as in production; the hub listens on its gateway.
     settings.USER_NETWORK = test_network()
     settings.HUB_API_URL = f"{settings.USER_NETWORK.hub_url}/jupyter/hub/api"
+    # Passwords hashed in a blink here (tests/helpers/hashers.py); the portal's processes keep Django's hashers.
+    settings.PASSWORD_HASHERS = ["tests.helpers.hashers.OneIterationPBKDF2PasswordHasher"]
     # People in most tests start sessions without credit; billing's own tests turn the credit check on.
     settings.BILLING_MIN_MINUTES = 0
     # The manifest storage needs collected static files, as in production.
