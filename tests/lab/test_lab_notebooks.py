@@ -19,6 +19,8 @@ import pytest
 import requests
 from django.conf import settings
 from django.contrib.auth.models import User
+from django.test import Client
+from django.urls import reverse
 from oauth2_provider.models import get_application_model
 from playwright.sync_api import Page, expect
 
@@ -366,20 +368,32 @@ def test_a_host_that_left_the_swarm_is_seen_gone_and_its_launches_fail_with_the_
     invariants.check(lab)
 
 
+def swarm_of(name: str) -> tuple[str, str]:
+    swarm.watch()  # what beat does every few seconds
+    gpu_host = GpuHost.objects.get(name=name)
+    return gpu_host.swarm_state, gpu_host.swarm_availability
+
+
 def test_a_cut_link_loses_its_host_within_the_bound_and_its_session_ends_charged_to_its_last_proof(
-    lab: Lab, lab_hub: str, through_the_lab: None, notebook_image: NotebookImage, alice: User, settings
+    lab: Lab, lab_hub: str, through_the_lab: None, notebook_image: NotebookImage, alice: User, staff: User, settings
 ) -> None:  # type: ignore[no-untyped-def]
     """The third host's link is cut while a session runs there, its agent beating at the portal's own pace:
     the watch, at beat's pace, finds the host lost within the bound (PORTAL_HOST_LOST_AFTER_S plus one watch),
-    nothing more is placed there, and nothing is charged past its last heartbeat. Swarm, for its part, marks
-    the node down and, since nothing may restart the server, shuts its task down: when the link is back, the
-    node stops and removes the container. The portal then ends the session as crashed, settled to its last
-    proof of life (the minutes of the cut, unproven, are not charged), each minute charged once."""
-    use_fleet(settings, fleet_spec(TEST_LAB))
+    nothing more is placed there, and nothing is charged past its last heartbeat; the other hosts beat on, and
+    the cut one's agent runs on, cut off. Swarm, for its part, marks the node down (the fleet page says so
+    beside the nodes that are ready and a machine that is not in the Swarm) and, since nothing may restart the
+    server, shuts its task down: when the link is back, the node stops and removes the container. The portal
+    then ends the session as crashed, settled to its last proof of life (the minutes of the cut, unproven, are
+    not charged), each minute charged once, and the node is ready again on the fleet page."""
+    settings.SWARM_MANAGER = lab.manager.endpoint
+    use_fleet(settings, f"{fleet_spec(TEST_LAB)}; {TEST_LAB}-n9: 1xL4:whole")  # n9: a machine not in the Swarm
     host = lab.nodes[2]
     watch_every = float(app.conf.beat_schedule["watch-hosts"]["schedule"])
-    with running_agents(lab, settings.HOST_HEARTBEAT_S):
+    with running_agents(lab, settings.HOST_HEARTBEAT_S) as agents:
         wait_for(lambda: GpuHost.objects.get(name=host.name).node_id == host.name, 60, "its agent to beat")
+        assert all(swarm_of(node.name) == ("ready", "active") for node in lab.nodes)
+        node_ids = {gpu_host.name: gpu_host.swarm_node for gpu_host in GpuHost.objects.all()}
+        assert node_ids[f"{TEST_LAB}-n9"] == "" and len({node_ids[node.name] for node in lab.nodes}) == 3
         request = SliceRequest("whole", model="L4", host=host.name)
         session = start_session(alice, Launch(request, notebook_image.pk, "cut"))
         wait_for(partial(in_state, session, NotebookSession.State.RUNNING, NotebookSession.State.FAILED), 180, "launch")
@@ -407,10 +421,20 @@ def test_a_cut_link_loses_its_host_within_the_bound_and_its_session_ends_charged
             assert held.seen_at is not None and held.seen_at <= last_beat, "no proof of life past the last beat"
             past = [minute for minute in charged if held.held_from + timedelta(minutes=minute) > last_beat]
             assert not past, f"charged {charged} from {held.held_from} to {held.seen_at}, last beat {last_beat}"
+            hosts.watch()
+            others = GpuHost.objects.filter(name__in=[node.name for node in lab.nodes[:2]])
+            assert {other.state for other in others} == {GpuHost.State.UP}, "the other hosts beat on"
+            assert agents[host.name].poll() is None, "its agent runs on, cut off"
             wait_for(lambda: lab.swarm_nodes().get(host.name) == "Down", 60, "the Swarm to see the node down")
+            wait_for(lambda: swarm_of(host.name)[0] == "down", 30, "the fleet's record of it")
+            fleet_page = Client()
+            fleet_page.force_login(staff)
+            page = fleet_page.get(reverse("fleet")).content.decode()
+            assert "down, active" in page and "ready, active" in page and "not in the Swarm" in page
         finally:
             lab.mend(host)
         wait_for(lambda: GpuHost.objects.get(name=host.name).state == GpuHost.State.UP, 60, "its agent to beat again")
+        wait_for(lambda: swarm_of(host.name) == ("ready", "active"), 60, "the fleet's record of its node back")
 
         def ended() -> bool:
             reconcile()  # as beat runs it
