@@ -32,7 +32,7 @@ def _secret_key() -> str:
         if len(given) < 32:
             raise ImproperlyConfigured("PORTAL_SECRET_KEY must be at least 32 characters long.")
         return given
-    return secret_file(DATA_DIR / "secret_key", lambda: secrets.token_urlsafe(50))
+    return secret_file(DATA_DIR / "secret_key", lambda: secrets.token_urlsafe(50), "PORTAL_SECRET_KEY")
 
 
 def _database() -> dict[str, object]:

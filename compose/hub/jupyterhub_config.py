@@ -65,7 +65,7 @@ if not env.flag("PORTAL_HUB_STARTS_PROXY", True):
 
     c.ConfigurableHTTPProxy.should_start = False
     c.ConfigurableHTTPProxy.auth_token = env.text("CONFIGPROXY_AUTH_TOKEN", "") or secret_file(
-        DATA / "proxy_auth_token"
+        DATA / "proxy_auth_token", variable="CONFIGPROXY_AUTH_TOKEN"
     )
     c.JupyterHub.last_activity_interval = 10
 else:
@@ -73,7 +73,10 @@ else:
 
 c.JupyterHub.authenticator_class = "generic-oauth"
 c.GenericOAuthenticator.client_id = "jupyterhub"
-c.GenericOAuthenticator.client_secret = (DATA / "hub_oauth_secret").read_text().strip()
+# The portal's register_hub_client writes it into the data folder; containers are given it (compose/).
+c.GenericOAuthenticator.client_secret = (
+    env.secret("PORTAL_HUB_OAUTH_SECRET").strip() or (DATA / "hub_oauth_secret").read_text().strip()
+)
 c.GenericOAuthenticator.oauth_callback_url = f"{PUBLIC}/jupyter/hub/oauth_callback"
 c.GenericOAuthenticator.authorize_url = f"{PUBLIC}/o/authorize/"
 c.GenericOAuthenticator.token_url = f"{PORTAL}/o/token/"

@@ -27,7 +27,9 @@ PROXY = ROOT / "compose/hub/gate.mjs"
 
 def auth_token(environ: dict[str, str]) -> str:
     data = Path(environ.get("PORTAL_DATA_DIR") or ROOT / "var").resolve()
-    return environ.get("CONFIGPROXY_AUTH_TOKEN") or secret_file(data / "proxy_auth_token")
+    return environ.get("CONFIGPROXY_AUTH_TOKEN") or secret_file(
+        data / "proxy_auth_token", variable="CONFIGPROXY_AUTH_TOKEN"
+    )
 
 
 def command(environ: dict[str, str]) -> list[str]:
@@ -35,11 +37,11 @@ def command(environ: dict[str, str]) -> list[str]:
     return [
         str(PROXY),
         "--ip",
-        "127.0.0.1",
+        environ.get("PORTAL_PROXY_IP", "127.0.0.1"),  # 0.0.0.0 in its container (compose/compose.yaml)
         "--port",
         environ.get("PORTAL_PORT", "8000"),
         "--api-ip",
-        "127.0.0.1",
+        environ.get("PORTAL_PROXY_API_IP", "127.0.0.1"),
         "--api-port",
         environ.get("PORTAL_PROXY_API_PORT", "8001"),
         "--default-target",

@@ -38,7 +38,9 @@ CONTAINER_PIDS_LIMIT = env.integer("PORTAL_CONTAINER_PIDS_LIMIT", 1024, minimum=
 CONTAINER_LOG_MAX_BYTES = env.integer("PORTAL_CONTAINER_LOG_MAX_BYTES", 10 * 1024**2, minimum=64 * 1024)
 CONTAINER_LOG_FILES = env.integer("PORTAL_CONTAINER_LOG_FILES", 3, minimum=1)
 # Labels this portal's containers, so reconciliation never removes another portal's on the same engine.
-INSTANCE_ID = env.text("PORTAL_INSTANCE_ID", "") or secret_file(DATA_DIR / "instance_id", lambda: secrets.token_hex(6))
+INSTANCE_ID = env.text("PORTAL_INSTANCE_ID", "") or secret_file(
+    DATA_DIR / "instance_id", lambda: secrets.token_hex(6), "PORTAL_INSTANCE_ID"
+)
 
 # The Docker engine of each GPU host that is not this machine (sessions/runtime/engines.py): host=endpoint; ...
 DOCKER_ENGINES = engine_config.parse(env.text("PORTAL_DOCKER_ENGINES", ""))

@@ -49,7 +49,9 @@ OAUTH2_PROVIDER = {
 # (the portal's service token there, and what the spawner shows the portal's internal API).
 # The hub listens on the user network's gateway (where notebook servers reach it), so the portal calls it there.
 HUB_API_URL = env.text("PORTAL_HUB_API_URL", f"{USER_NETWORK.hub_url}/jupyter/hub/api")
-HUB_SERVICE_TOKEN = env.text("PORTAL_HUB_SERVICE_TOKEN", "") or secret_file(DATA_DIR / "hub_service_token")
+HUB_SERVICE_TOKEN = env.text("PORTAL_HUB_SERVICE_TOKEN", "") or secret_file(
+    DATA_DIR / "hub_service_token", variable="PORTAL_HUB_SERVICE_TOKEN"
+)
 MAX_SESSIONS_PER_USER = env.integer("PORTAL_MAX_SESSIONS_PER_USER", 3, minimum=1)
 # A start keeps asking a hub that does not answer (restarting, say) for this long before it gives up,
 # and a launch step that takes longer than the second figure is flagged on the session's card.

@@ -67,7 +67,7 @@ def _file_store_key() -> str:
             "PORTAL_RENDER_FILE_STORE=portal needs PORTAL_FILE_STORE_URL (the portal's address as this host reaches "
             "it) and PORTAL_FILE_STORE_KEY (the portal's own key)."
         )
-    return given or secret_file(DATA_DIR / "file_store_key")
+    return given or secret_file(DATA_DIR / "file_store_key", variable="PORTAL_FILE_STORE_KEY")
 
 
 FILE_STORE_KEY = _file_store_key()

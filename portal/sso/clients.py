@@ -13,6 +13,7 @@ from django.conf import settings
 from oauth2_provider.models import get_application_model
 
 from portal.datafiles import secret_file
+from portal.env import Env
 
 HUB_CLIENT_ID = "jupyterhub"
 
@@ -23,7 +24,9 @@ def hub_secret_path() -> Path:
 
 def register_hub_client() -> tuple[str, str]:
     """Create or update the hub's application; returns (client id, plain secret)."""
-    secret = secret_file(hub_secret_path())
+    secret = Env().secret("PORTAL_HUB_OAUTH_SECRET").strip() or secret_file(
+        hub_secret_path(), variable="PORTAL_HUB_OAUTH_SECRET"
+    )
     Application = get_application_model()
     application = Application.objects.filter(client_id=HUB_CLIENT_ID).first() or Application(client_id=HUB_CLIENT_ID)
     application.name = "JupyterHub"

@@ -17,5 +17,8 @@ def _new_key() -> str:
 
 
 def signing_key(data_dir: Path, given: str = "") -> str:
-    """PEM text of the private key that signs ID tokens."""
-    return given or secret_file(data_dir / "oidc_rsa_key.pem", _new_key)
+    """PEM text of the private key that signs ID tokens. Given on one line (an env file holds no other), its line
+    breaks are written as \\n."""
+    if given and "\n" not in given:
+        given = given.replace("\\n", "\n")
+    return given or secret_file(data_dir / "oidc_rsa_key.pem", _new_key, "PORTAL_OIDC_RSA_PRIVATE_KEY")

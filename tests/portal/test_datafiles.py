@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 from portal.datafiles import secret_file
+from portal.sso.keys import signing_key
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -37,3 +39,28 @@ def test_processes_starting_together_agree_on_one_secret(tmp_path: Path) -> None
     ]
     answers = {racer.communicate(timeout=30)[0].strip() for racer in racers}
     assert answers == {path.read_text().strip()}
+
+
+def test_where_secrets_come_from_the_environment_none_is_made_and_the_missing_one_is_named(tmp_path: Path) -> None:
+    # The containers share no data folder: a secret one program made would differ from another's.
+    environ = {
+        key: value for key, value in os.environ.items() if not key.startswith("PORTAL_") and key != "DATABASE_URL"
+    }
+    environ.update(PORTAL_DATA_DIR=str(tmp_path), PORTAL_SECRETS_FROM_ENVIRONMENT="true")
+    check = lambda: subprocess.run(  # noqa: E731
+        [sys.executable, "manage.py", "check"], cwd=ROOT, env=environ, capture_output=True, text=True, timeout=60
+    )
+    first = check()
+    assert first.returncode != 0 and "PORTAL_SECRET_KEY is not set" in first.stderr
+    assert "PORTAL_SECRETS_FROM_ENVIRONMENT=true" in first.stderr
+    environ["PORTAL_SECRET_KEY"] = "k" * 50
+    second = check()
+    assert second.returncode != 0 and "PORTAL_SECRET_KEY" not in second.stderr
+    assert " is not set: with PORTAL_SECRETS_FROM_ENVIRONMENT=true" in second.stderr  # the next one, by its name
+    assert list(tmp_path.iterdir()) == [], "no secret was written"
+
+
+def test_a_signing_key_given_on_one_line_is_read_with_its_line_breaks(tmp_path: Path) -> None:
+    made = signing_key(tmp_path)
+    assert signing_key(tmp_path / "unused", made.strip().replace("\n", "\\n")) == made.strip()
+    assert not (tmp_path / "unused").exists()
