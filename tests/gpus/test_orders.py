@@ -160,7 +160,9 @@ def test_a_release_that_waited_for_the_agent_recording_the_instance_takes_that_i
 
     def agent() -> None:  # carries the create out and holds its transaction open (the slice locked) until told
         try:
-            with agency.acting_for(["ord"]), transaction.atomic():
+            # It stops acting before it commits, as an agent's order ends before its lock goes: the release, let
+            # go by that commit, must not find this process the agent and carry its own order out (a race).
+            with transaction.atomic(), agency.acting_for(["ord"]):
                 assert orders.carry_out(create.pk)
                 recorded.set()
                 go_on.wait(20)
