@@ -11,6 +11,8 @@ from pathlib import Path
 
 from django.core.exceptions import ImproperlyConfigured
 
+from portal.env import Env
+
 SECRETS_FROM_ENVIRONMENT = "PORTAL_SECRETS_FROM_ENVIRONMENT"
 
 
@@ -24,7 +26,7 @@ def secret_file(path: Path, make: Callable[[], str] = lambda: secrets.token_urls
     The new secret is written aside and linked into place, so processes starting at the same moment
     (the hub and the proxy under make run) agree on one secret and never read a half-written file.
     """
-    if os.environ.get(SECRETS_FROM_ENVIRONMENT, "").strip().lower() in ("1", "true", "yes", "on"):
+    if Env().flag(SECRETS_FROM_ENVIRONMENT, False):
         raise ImproperlyConfigured(
             f"{variable or path.name} is not set: with {SECRETS_FROM_ENVIRONMENT}=true every secret is given, "
             "none is made (see compose/portal.env.example)"

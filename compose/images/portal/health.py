@@ -87,7 +87,9 @@ def main(program: str) -> None:
             raise SystemExit(f"the fence of {settings.USER_NETWORK.name} is not in place")
     elif program == "hub":
         # Where the portal calls it: the notebook network's gateway, where it listens.
-        answers(os.environ.get("PORTAL_HUB_API_URL", "http://127.0.0.1:8081/jupyter/hub/api").rstrip("/") + "/")
+        from sessions.runtime.network import from_environ
+
+        answers(f"{from_environ(os.environ).hub_url}/jupyter/hub/api/")
     elif program == "proxy":
         answers(f"http://127.0.0.1:{os.environ.get('PORTAL_PORT', '8000')}/jupyter/hub/api/")
     else:
