@@ -49,3 +49,22 @@ def test_set_ups_started_together_wait_for_the_lock_and_make_one_administrator(r
     assert sorted("created administrator 'root'" in output for output in outputs) == [False, True], outputs
     assert User.objects.get(is_superuser=True).username == "root"
     assert get_application_model().objects.filter(client_id=HUB_CLIENT_ID).count() == 1
+
+
+def test_a_program_awaiting_set_up_starts_once_it_is_done_and_otherwise_says_what_is_missing(roles: None) -> None:
+    """Under docker stack deploy nothing orders the start: the programs wait for the set-up service's work."""
+    get_application_model().objects.filter(client_id=HUB_CLIENT_ID).delete()
+    env = processes.child_env(PORTAL_HUB_OAUTH_SECRET="a hub secret given to the stack")
+    command = [sys.executable, "manage.py", "setup_once", "--await"]
+    early = subprocess.run([*command, "--wait", "2"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+    assert early.returncode != 0
+    assert "still waiting for the hub's OAuth client to register" in early.stderr, early.stderr
+    waiting = subprocess.Popen([*command, "--wait", "90"], cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True)
+    time.sleep(2)
+    assert waiting.poll() is None, "it waits while the set-up is not done"
+    done = subprocess.run(
+        [sys.executable, "manage.py", "setup_once"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert waiting.wait(timeout=30) == 0
+    assert get_application_model().objects.filter(client_id=HUB_CLIENT_ID).count() == 1
