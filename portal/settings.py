@@ -47,6 +47,7 @@ def _database() -> dict[str, object]:
         raise ImproperlyConfigured("DATABASE_URL must start with sqlite:// or postgres://.")
     if engine.endswith("postgresql") and env.integer("PORTAL_DB_POOL_SIZE", 10, minimum=0):
         config["OPTIONS"] = {**config.get("OPTIONS", {}), "pool": _pool()}  # type: ignore[dict-item]
+        config["CONN_HEALTH_CHECKS"] = True  # with the pool: psycopg_pool checks each connection as it is lent
     if engine.endswith("postgresql") and env.flag("PORTAL_DB_PREPARED_STATEMENTS", True):
         # Only the allocator's statements (sessions.gpus.statements, server-side binding) can be prepared:
         # Django's own cursors bind on the client, which psycopg never prepares. From a statement's fifth use
@@ -67,6 +68,10 @@ def _pool() -> dict[str, object]:
     opened its own connection, a storm of 500 sockets met PostgreSQL's max_connections ("too many
     clients") and the handshakes that queued behind connection set-ups timed out. Borrowers wait for a
     free connection, up to the timeout, instead.
+
+    Each connection is checked as it is lent (CONN_HEALTH_CHECKS: an empty round trip): after PostgreSQL
+    restarts, every pooled connection is dead, and unchecked, each was lent once more and failed its request
+    with a 500 (the deployment's smoke test, tests/deploy, kills PostgreSQL under a running portal).
     """
     return {
         "min_size": 1,
