@@ -37,6 +37,8 @@ c.JupyterHub.bind_url = f"{PUBLIC}/jupyter/"
 c.JupyterHub.hub_bind_url = HUB_URL
 c.JupyterHub.hub_connect_url = HUB_URL
 c.JupyterHub.db_url = f"sqlite:///{HUB_DATA / 'jupyterhub.sqlite'}"
+# A newer JupyterHub (an upgraded image) brings its database's schema up at start, after a copy of the file.
+c.JupyterHub.upgrade_db = True
 c.JupyterHub.cookie_secret_file = str(HUB_DATA / "cookie_secret")
 c.JupyterHub.pid_file = str(HUB_DATA / "jupyterhub.pid")
 c.JupyterHub.redirect_to_server = False
