@@ -1,0 +1,183 @@
+"""The deployment's files and images against bad input (issue 33): both files read clean by the tools that
+deploy them, they agree with each other, a missing secret is named before anything starts, an example or
+empty one is refused by the program, a malformed setting stops it with its name, and a base image of another
+system is refused by the build."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.conftest import ROOT
+from tests.deploy.deployment import COMPOSE, DOCKER, build_images
+
+pytestmark = [pytest.mark.docker, pytest.mark.deploy]
+COMPOSE_FILE, STACK_FILE = ROOT / "compose/compose.yaml", ROOT / "compose/stack.yaml"
+
+
+@pytest.fixture
+def env_file() -> Iterator[Path]:
+    folder = Path(tempfile.mkdtemp(prefix="gpu-portal-deploy-env-"))
+    path = folder / "portal.env"
+    subprocess.run([str(ROOT / "compose/bin/make-stack-env"), str(path)], check=True, capture_output=True)
+    yield path
+    shutil.rmtree(folder)
+
+
+def without(env_file: Path, name: str, value: str | None = None) -> Path:
+    """The env file with ``name`` left out, or given ``value``."""
+    lines = [line for line in env_file.read_text().splitlines() if not line.startswith(name + "=")]
+    if value is not None:
+        lines.append(f"{name}={value}")
+    changed = env_file.with_name(f"{name}.env")
+    changed.write_text("\n".join(lines) + "\n")
+    return changed
+
+
+def compose_config(env_file: Path) -> subprocess.CompletedProcess[str]:
+    command = [COMPOSE, "--env-file", str(env_file), "-f", str(COMPOSE_FILE), "config", "-q"]
+    return subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
+
+
+def stack_config(env_file: Path) -> subprocess.CompletedProcess[str]:
+    command = [str(ROOT / "compose/bin/stack"), str(env_file), "config"]
+    return subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
+
+
+def test_both_files_read_clean_with_a_made_env_file(env_file: Path) -> None:
+    composed = compose_config(env_file)
+    assert (composed.returncode, composed.stdout, composed.stderr) == (0, "", "")
+    stacked = stack_config(env_file)
+    assert stacked.returncode == 0 and stacked.stderr == "", stacked.stderr  # nothing ignored as unsupported
+    services = yaml.safe_load(stacked.stdout)["services"]
+    assert services["fence"]["cap_add"] == ["NET_ADMIN"]
+    assert services["proxy"]["environment"]["PORTAL_PROXY_IP"] == "127.0.0.1"
+
+
+@pytest.mark.parametrize("name", ["PORTAL_SECRET_KEY", "PORTAL_FILE_STORE_KEY", "PORTAL_OIDC_RSA_PRIVATE_KEY"])
+def test_a_missing_secret_is_named_before_anything_starts(env_file: Path, name: str) -> None:
+    for answer in (compose_config(without(env_file, name)), stack_config(without(env_file, name))):
+        assert answer.returncode != 0
+        assert f"set {name}" in answer.stderr, answer.stderr
+
+
+def test_a_line_that_is_not_a_setting_is_refused_by_name(env_file: Path) -> None:
+    broken = env_file.with_name("broken.env")
+    broken.write_text(env_file.read_text() + "PORTAL PORT 8000\n")
+    answer = stack_config(broken)
+    assert answer.returncode != 0 and "not KEY=VALUE: PORTAL PORT 8000" in answer.stderr, answer.stderr
+
+
+# What only one of the two tools reads: Compose's start order and restarts, Swarm's placement and restarts, and
+# how each puts a service on the host's network.
+TOOL_KEYS = {"restart", "depends_on", "network_mode", "deploy", "networks"}
+
+
+def definitions(path: Path) -> dict[str, dict[str, object]]:
+    services = yaml.safe_load(path.read_text())["services"]
+    return {name: {k: v for k, v in service.items() if k not in TOOL_KEYS} for name, service in services.items()}
+
+
+def test_the_stack_file_runs_what_the_compose_file_runs() -> None:
+    """One set of programs, two files: every service the same in both (image, program, user, settings, volumes,
+    health check, capabilities) but for what only one tool reads; the engine's socket in the same services."""
+    composed, stacked = definitions(COMPOSE_FILE), definitions(STACK_FILE)
+    assert composed.keys() == stacked.keys()
+    for name in composed:
+        assert composed[name] == stacked[name], name
+    raw = yaml.safe_load(COMPOSE_FILE.read_text())["services"]
+    assert all(service["network_mode"] == "host" for service in raw.values())
+    sockets = sorted(name for name, service in composed.items() if "docker.sock" in str(service.get("volumes")))
+    assert sockets == ["agent", "estimate", "fence", "hub", "render", "worker"]
+
+
+@pytest.fixture(scope="module")
+def portal_image() -> str:
+    build_images()
+    return "gpu-portal/portal:latest"
+
+
+def run_portal(env_file: Path, *command: str) -> subprocess.CompletedProcess[str]:
+    docker = [DOCKER, "run", "--rm", "--network", "none", "--env-file", str(env_file)]
+    docker += ["-e", "PORTAL_SECRETS_FROM_ENVIRONMENT=true", "-e", "DATABASE_URL=postgres://portal@127.0.0.1:1/portal"]
+    return subprocess.run([*docker, "gpu-portal/portal:latest", *command], capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.parametrize("value", ["", "change-me", "change-me-32-random-characters-at-least"])
+def test_an_empty_or_example_secret_is_refused_by_the_program_with_its_name(
+    portal_image: str, env_file: Path, value: str
+) -> None:
+    answer = run_portal(without(env_file, "PORTAL_HUB_OAUTH_SECRET", value), "web")
+    assert answer.returncode != 0
+    assert "refused: PORTAL_HUB_OAUTH_SECRET is empty or still the example's value" in answer.stderr, answer.stderr
+
+
+def test_a_secret_left_out_stops_the_program_that_needs_it_with_its_name(portal_image: str, env_file: Path) -> None:
+    answer = run_portal(without(env_file, "PORTAL_SECRET_KEY"), "python", "manage.py", "check")
+    assert answer.returncode != 0
+    assert "PORTAL_SECRET_KEY" in answer.stderr, answer.stderr[-2000:]
+
+
+def test_a_malformed_setting_stops_the_program_with_its_name(portal_image: str, env_file: Path) -> None:
+    answer = run_portal(
+        without(env_file, "PORTAL_NOTEBOOK_SUBNET", "ten-dot-eighty-eight"), "python", "manage.py", "check"
+    )
+    assert answer.returncode != 0
+    assert "PORTAL_NOTEBOOK_SUBNET must be an IPv4 subnet" in answer.stderr, answer.stderr[-2000:]
+
+
+@pytest.mark.parametrize(
+    ("script", "image"), [("build-stack-images", "portal"), ("build-notebook-image", ""), ("build-render-image", "")]
+)
+def test_a_base_image_of_another_system_is_refused_before_anything_is_built(script: str, image: str) -> None:
+    subprocess.run([str(ROOT / "compose/bin/build-busybox-image")], check=True, capture_output=True, timeout=300)
+    env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "PORTAL_IMAGE_BASE": "gpu-portal/busybox:latest"}
+    command = [str(ROOT / "compose/bin" / script), *([image] if image else [])]
+    answer = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
+    assert answer.returncode == 1
+    assert "built on Debian 12 (bookworm); BASE has no /etc/os-release" in answer.stderr, answer.stderr
+    assert f"{script}: refused base gpu-portal/busybox:latest" in answer.stderr
+
+
+def unordered(services: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Services with their volumes as a set: docker-compose lists a merged service's volumes in another order."""
+    return {
+        name: {**service, "volumes": sorted(map(str, service.get("volumes", [])))} for name, service in services.items()
+    }
+
+
+def test_the_gpu_host_override_gives_the_agent_nvml_and_mig_and_nothing_else(env_file: Path) -> None:
+    """compose/gpu-host.yaml merged by each tool: the agent keeps every setting and gains what NVIDIA's runtime
+    asks of a container that changes MIG instances; every other service stays as it was."""
+    override = str(ROOT / "compose/gpu-host.yaml")
+    plain_compose = [COMPOSE, "--env-file", str(env_file), "-f", str(COMPOSE_FILE)]
+    merged = {}
+    for tool, plain, with_gpus in (
+        ("compose", [*plain_compose, "config"], [*plain_compose, "-f", override, "config"]),
+        ("stack", [str(ROOT / "compose/bin/stack"), str(env_file), "config"], None),
+    ):
+        with_gpus = with_gpus or [*plain, override]
+        before, after = (
+            yaml.safe_load(subprocess.run(command, capture_output=True, text=True, check=True, timeout=60).stdout)
+            for command in (plain, with_gpus)
+        )
+        agent = after["services"].pop("agent")
+        assert agent["cap_add"] == ["SYS_ADMIN"], tool
+        assert agent["environment"] == {
+            **before["services"]["agent"]["environment"],
+            "NVIDIA_VISIBLE_DEVICES": "all",
+            "NVIDIA_DRIVER_CAPABILITIES": "utility",
+            "NVIDIA_MIG_CONFIG_DEVICES": "all",
+            "NVIDIA_MIG_MONITOR_DEVICES": "all",
+        }, tool
+        before["services"].pop("agent")
+        assert unordered(after["services"]) == unordered(before["services"]), tool
+        merged[tool] = agent["environment"]["PORTAL_GPU_BACKEND"]
+    assert merged == {"compose": "simulated", "stack": "simulated"}  # the env file's choice, not the override's
