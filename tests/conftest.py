@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import shutil
 import socket
@@ -66,8 +67,14 @@ def pytest_configure(config: pytest.Config) -> None:
     settings.PASSWORD_HASHERS = ["tests.helpers.hashers.OneIterationPBKDF2PasswordHasher"]
     # People in most tests start sessions without credit; billing's own tests turn the credit check on.
     settings.BILLING_MIN_MINUTES = 0
-    # The manifest storage needs collected static files, as in production.
-    call_command("collectstatic", interactive=False, verbosity=0)
+    # The manifest storage needs collected static files, as in production. make test's passes start together
+    # and two share the data folder: one collects at a time (whitenoise's compression of a file the other
+    # was replacing failed a fresh clone's run).
+    static_root = Path(settings.STATIC_ROOT)
+    static_root.parent.mkdir(parents=True, exist_ok=True)
+    with open(static_root.parent / "collectstatic.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        call_command("collectstatic", interactive=False, verbosity=0)
     (ARTIFACTS / "logs").mkdir(parents=True, exist_ok=True)
     (ARTIFACTS / "screenshots").mkdir(parents=True, exist_ok=True)
     _flush_again_after_a_deadlock()
