@@ -289,10 +289,12 @@ def test_a_create_the_device_refuses_fails_the_launch_with_the_devices_reason(gp
 def test_a_burst_of_orders_is_carried_out_a_batch_to_a_transaction(
     gpu: Gpu,
     not_the_agent: None,
+    suite_agent_stopped: None,
     settings,  # type: ignore[no-untyped-def]
 ) -> None:
     """Orders that wait together are carried out up to ``most`` at a time, each batch in one transaction (its
-    rows share the transaction id that wrote them), in the order they were decided."""
+    rows share the transaction id that wrote them), in the order they were decided. The suite's executor is
+    stopped: it acts for the hosts this process acts for, and once raced the test for the burst ("ord")."""
     settings.MAX_SLICES_PER_USER = 5
     owner = User.objects.create_user("burst")
     taken = [launched(owner, "1g.18gb") for _ in range(5)]
