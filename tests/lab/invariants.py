@@ -32,7 +32,9 @@ def containers_of_this_portal(lab: Lab) -> dict[str, list[dict[str, str]]]:
     for node in lab.nodes:
         listed = node.docker("ps", "-aq", "--filter", f"label={INSTANCE_LABEL}={settings.INSTANCE_ID}", check=False)
         ids = listed.split()
-        inspected = json.loads(node.docker("inspect", *ids)) if ids else []
+        # One removed between the listing and this look (a stopped session's, on its way out) is gone: inspect
+        # answers for the others and names it on stderr.
+        inspected = json.loads(node.docker("inspect", *ids, check=False) or "[]") if ids else []
         found[node.name] = [container["Config"]["Labels"] for container in inspected]
     return found
 
