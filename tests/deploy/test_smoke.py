@@ -158,12 +158,8 @@ def charged_to_the_end(deployment: Deployment) -> Any:
         holdings = books["holdings"]
         if holdings and all(holding["open"] is False for holding in holdings):
             return books
-        page_wait(5)
+        time.sleep(5)
     raise AssertionError(f"the stopped session's usage was not closed within 5 minutes: {books}")
-
-
-def page_wait(seconds: float) -> None:
-    time.sleep(seconds)
 
 
 def render_a_frame(page: Page, deployment: Deployment, scene: Path) -> None:
@@ -261,7 +257,7 @@ def test_the_portal_deployed_on_a_swarm_then_with_compose_is_used_backed_up_rest
         killed_back_within = survives(page, swarm, KILLED, docker_kill)
         running = swarm.running()
         swarm.deploy()  # a second deploy of the same file and settings changes nothing
-        page_wait(10)
+        time.sleep(10)
         assert swarm.running() == running, "a second deploy replaced containers"
         run(str(ROOT / "compose/bin/backup"), swarm.name, str(dump))
         books = swarm.python(BOOKS)
