@@ -18,6 +18,9 @@ from sessions.runtime import engine_config
 GPU_BACKEND = env.choice("PORTAL_GPU_BACKEND", "auto", {name: name for name in ("auto", "nvml", "simulated")})
 GPU_HOST_NAME = env.text("PORTAL_GPU_HOST_NAME", socket.gethostname())
 SIMULATED_FLEET = env.text("PORTAL_SIMULATED_FLEET", "sim-1: 2xH200:mig, 1xA100-80GB:whole, 1xA30:shared=4")
+# The hosts of that fleet this machine simulates (its agent beats for them): on a Swarm each GPU host its own
+# (compose/swarm-hosts.yaml gives each node's programs its hostname); empty: all of them.
+SIMULATED_HOSTS = env.items("PORTAL_SIMULATED_HOSTS", [])
 # GPU hosts (sessions/gpus/hosts.py): the machine identity an agent beats with (default: /etc/machine-id, else
 # the host name), how often it beats, after how long a silent host is lost (nothing placed there, nothing
 # charged past its last heartbeat) and after how much longer its holdings end at that heartbeat.
@@ -43,7 +46,9 @@ INSTANCE_ID = env.text("PORTAL_INSTANCE_ID", "") or secret_file(
 )
 
 # The Docker engine of each GPU host that is not this machine (sessions/runtime/engines.py): host=endpoint; ...
-DOCKER_ENGINES = engine_config.parse(env.text("PORTAL_DOCKER_ENGINES", ""))
+# A tcp:// engine is reached with TLS both ways: the folder of the CA, the portal's certificate and its key.
+DOCKER_TLS_DIR = env.text("PORTAL_DOCKER_TLS_DIR", "")
+DOCKER_ENGINES = engine_config.parse(env.text("PORTAL_DOCKER_ENGINES", ""), DOCKER_TLS_DIR)
 # Where a slice goes when GPUs of several hosts would serve it (sessions/gpus/packing.py): "pack" fills the
 # busiest host first, keeping whole hosts free; "spread" the least busy.
 PLACEMENT = env.choice("PORTAL_PLACEMENT", "pack", {"pack": "pack", "spread": "spread"})
@@ -56,9 +61,14 @@ def _check_fleet() -> None:
     from sessions.gpus.backends.simulated import FleetSpecError, parse_fleet
 
     try:
-        parse_fleet(SIMULATED_FLEET)
+        fleet = parse_fleet(SIMULATED_FLEET)
     except FleetSpecError as error:
         raise ImproperlyConfigured(f"PORTAL_SIMULATED_FLEET: {error}") from None
+    unknown = sorted(set(SIMULATED_HOSTS) - {gpu.host for gpu in fleet})
+    if unknown and GPU_BACKEND == "simulated":  # with NVIDIA's driver (auto, nvml) the setting is not read
+        raise ImproperlyConfigured(
+            f"PORTAL_SIMULATED_HOSTS names {', '.join(unknown)}, which PORTAL_SIMULATED_FLEET does not have"
+        )
 
 
 _check_fleet()

@@ -59,14 +59,16 @@ def hosts() -> list[str]:
 
 
 def hosts_of_this_machine() -> list[str]:
-    """The hosts an agent on this machine speaks for: PORTAL_GPU_HOST_NAME with NVIDIA's driver, or every host of
-    the simulated fleet (one agent stands in for them all)."""
+    """The hosts an agent on this machine speaks for: PORTAL_GPU_HOST_NAME with NVIDIA's driver, or the hosts of
+    the simulated fleet it simulates (PORTAL_SIMULATED_HOSTS; all of them by default: one agent stands in for
+    them all)."""
     from sessions.gpus.backends import get_backend
     from sessions.gpus.backends.simulated import parse_fleet
 
     if get_backend().name == "nvml":
         return [str(settings.GPU_HOST_NAME)]
-    return sorted({gpu.host for gpu in parse_fleet(settings.SIMULATED_FLEET)})
+    fleet = {gpu.host for gpu in parse_fleet(settings.SIMULATED_FLEET)}
+    return sorted(fleet & set(settings.SIMULATED_HOSTS) if settings.SIMULATED_HOSTS else fleet)
 
 
 def require(host: str, change: str) -> None:

@@ -30,7 +30,7 @@ def get_backend() -> GpuBackend:
         if choice == "nvml":
             raise BackendError("PORTAL_GPU_BACKEND is nvml, but no NVIDIA driver answers on this host.", code="driver")
         log.info("no NVIDIA driver answers; using the simulated GPU fleet")
-    return SimulatedBackend(settings.SIMULATED_FLEET)
+    return SimulatedBackend(settings.SIMULATED_FLEET, hosts=settings.SIMULATED_HOSTS)
 
 
 def backend_for_host(backend_name: str) -> GpuBackend:

@@ -11,7 +11,7 @@ import random
 import re
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from sessions.gpus import agency, catalog, statements
@@ -126,8 +126,16 @@ def _parse_item(host: str, item: str, first_index: int) -> list[SimulatedGpuSpec
 class SimulatedBackend:
     name = "simulated"
 
-    def __init__(self, spec: str) -> None:
-        self.gpus = {gpu.uuid: gpu for gpu in parse_fleet(spec)}
+    def __init__(self, spec: str, hosts: Iterable[str] = ()) -> None:
+        """The fleet ``spec`` describes; only its ``hosts`` where given (one Swarm node's share of it)."""
+        fleet, wanted = parse_fleet(spec), set(hosts)
+        unknown = sorted(wanted - {gpu.host for gpu in fleet})
+        if unknown:
+            raise BackendError(
+                f"PORTAL_SIMULATED_HOSTS names {', '.join(unknown)}, which PORTAL_SIMULATED_FLEET does not have",
+                code="config",
+            )
+        self.gpus = {gpu.uuid: gpu for gpu in fleet if not wanted or gpu.host in wanted}
 
     def discover(self) -> list[FoundHost]:
         from sessions.gpus.models import SimulatedGpuInstance
