@@ -106,6 +106,7 @@ c.JupyterHub.load_roles = [
 c.JupyterHub.spawner_class = SPAWNER
 c.PortalSwarmSpawner.swarm_manager = env.text("PORTAL_SWARM_MANAGER", "")  # empty: the hub's own engine
 c.PortalSpawner.portal_url = PORTAL
+c.PortalSpawner.engine_tls_dir = env.text("PORTAL_DOCKER_TLS_DIR", "")  # for a GPU host's tcp:// engine
 c.PortalSpawner.portal_token = SERVICE_TOKEN
 c.PortalSpawner.image = "gpu-portal/notebook:latest"
 c.PortalSpawner.pull_policy = "never"

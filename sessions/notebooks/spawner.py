@@ -53,6 +53,10 @@ class PortalSpawner(DockerSpawner):
     portal_token = Unicode("", help="The token shared with the portal (its hub service token).").tag(config=True)
     ready_poll_interval = Float(0.05, help="Seconds between checks that JupyterLab answers.").tag(config=True)
     docker_threads = Integer(16, help="Threads for Docker calls, shared by all launches.").tag(config=True)
+    engine_tls_dir = Unicode(
+        "",
+        help="The CA, certificate and key a tcp:// engine of a GPU host is reached with (ca.pem, cert.pem, key.pem).",
+    ).tag(config=True)
     report_patience = Float(
         60.0, help="Seconds a report to the portal is tried again while the portal does not answer."
     ).tag(config=True)
@@ -86,7 +90,7 @@ class PortalSpawner(DockerSpawner):
             return super().client
         found = self._engines.get(endpoint)
         if found is None:
-            found = self._engines[endpoint] = api_client(endpoint, **self.client_kwargs)
+            found = self._engines[endpoint] = api_client(endpoint, self.engine_tls_dir, **self.client_kwargs)
         return found
 
     def get_state(self) -> dict[str, Any]:

@@ -18,6 +18,7 @@ from docker.errors import APIError, DockerException, NotFound
 from docker.types import IPAMConfig, IPAMPool
 
 from sessions.gpus.models import Slice
+from sessions.runtime.engine_client import tls_for
 from sessions.runtime.network import UserNetwork
 from sessions.runtime.slices import spec_for
 from sessions.runtime.spec import HARDENING, INSTANCE_LABEL, LABEL_PREFIX, ContainerSpec
@@ -61,7 +62,11 @@ def container_options(spec: ContainerSpec, **overrides: Any) -> dict[str, Any]:
 class DockerRuntime:
     def __init__(self, base_url: str | None = None) -> None:
         try:
-            self.client = docker.DockerClient(base_url=base_url) if base_url else docker.from_env()
+            self.client = (
+                docker.DockerClient(base_url=base_url, tls=tls_for(base_url, settings.DOCKER_TLS_DIR))
+                if base_url
+                else docker.from_env()
+            )
         except DockerException as error:
             raise RuntimeError_(f"cannot reach the Docker engine: {error}") from None
         self._host_cpus: int | None = None

@@ -1,15 +1,23 @@
 """``PORTAL_DOCKER_ENGINES`` read at settings time (no model, no Docker import): each GPU host's engine that is
-not this machine's (``sessions.runtime.engines`` uses it)."""
+not this machine's (``sessions.runtime.engines`` uses it), and ``PORTAL_DOCKER_TLS_DIR``, the certificates a
+``tcp://`` engine is reached with."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 from django.core.exceptions import ImproperlyConfigured
 
 SCHEMES = ("unix://", "tcp://", "ssh://")
+# Docker's names for them (its "protect the daemon socket" set-up): the CA that signed the engines' and the
+# portal's certificates, and the portal's client certificate and key.
+TLS_FILES = ("ca.pem", "cert.pem", "key.pem")
 
 
-def parse(text: str) -> dict[str, str]:
-    """``host=endpoint; host=endpoint`` as a mapping; ImproperlyConfigured naming the part that is wrong."""
+def parse(text: str, tls_dir: str = "") -> dict[str, str]:
+    """``host=endpoint; host=endpoint`` as a mapping; ImproperlyConfigured naming the part that is wrong. A
+    ``tcp://`` engine needs ``tls_dir``: an engine's TCP port without TLS is root on its host to anyone who
+    reaches it."""
     engines: dict[str, str] = {}
     for part in filter(None, (piece.strip() for piece in text.split(";"))):
         host, _, endpoint = (side.strip() for side in part.partition("="))
@@ -21,5 +29,20 @@ def parse(text: str) -> dict[str, str]:
             )
         if host in engines:
             raise ImproperlyConfigured(f"PORTAL_DOCKER_ENGINES names {host} twice")
+        if endpoint.startswith("tcp://") and not tls_dir:
+            raise ImproperlyConfigured(
+                f"PORTAL_DOCKER_ENGINES: {host}'s endpoint {endpoint} is TCP, which needs PORTAL_DOCKER_TLS_DIR "
+                f"({', '.join(TLS_FILES)}): an engine's TCP port without TLS is root on its host to anyone who "
+                "reaches it"
+            )
         engines[host] = endpoint
+    check_tls_dir(tls_dir)
     return engines
+
+
+def check_tls_dir(tls_dir: str) -> None:
+    if not tls_dir:
+        return
+    missing = [name for name in TLS_FILES if not (Path(tls_dir) / name).is_file()]
+    if missing:
+        raise ImproperlyConfigured(f"PORTAL_DOCKER_TLS_DIR: {tls_dir} has no {', '.join(missing)}")

@@ -39,6 +39,8 @@ def run_check(tmp_path: Path, **env: str) -> subprocess.CompletedProcess[str]:
         ("PORTAL_CURRENCY", "yuan"),
         ("PORTAL_BILLING_MIN_MINUTES", "ten"),
         ("PORTAL_BILLING_GRACE_MINUTES", "-1"),
+        ("PORTAL_DOCKER_ENGINES", "gpu-2=tcp://127.0.0.1:2376"),  # TCP without TLS: root on the host for anyone
+        ("PORTAL_DOCKER_TLS_DIR", "/nonexistent"),
     ],
 )
 def test_a_bad_value_stops_start_up_with_the_variables_name(tmp_path: Path, name: str, value: str) -> None:
@@ -46,6 +48,22 @@ def test_a_bad_value_stops_start_up_with_the_variables_name(tmp_path: Path, name
     assert result.returncode != 0
     assert name in result.stderr
     assert "ImproperlyConfigured" in result.stderr
+
+
+def test_simulated_hosts_the_fleet_lacks_stop_it_naming_them(tmp_path: Path) -> None:
+    fleet = {"PORTAL_SIMULATED_FLEET": "n1: 1xL4:whole", "PORTAL_SIMULATED_HOSTS": "n1,n9"}
+    result = run_check(tmp_path, PORTAL_GPU_BACKEND="simulated", **fleet)
+    assert result.returncode != 0
+    assert "PORTAL_SIMULATED_HOSTS names n9, which PORTAL_SIMULATED_FLEET does not have" in result.stderr
+
+
+def test_a_tcp_engine_is_taken_with_a_folder_of_certificates(tmp_path: Path) -> None:
+    tls = tmp_path / "tls"
+    tls.mkdir()
+    for name in ("ca.pem", "cert.pem", "key.pem"):
+        (tls / name).write_text("-----BEGIN CERTIFICATE-----\n")
+    result = run_check(tmp_path, PORTAL_DOCKER_ENGINES="gpu-2=tcp://127.0.0.1:2376", PORTAL_DOCKER_TLS_DIR=str(tls))
+    assert result.returncode == 0, result.stderr
 
 
 def test_defaults_start_without_any_variable(tmp_path: Path) -> None:
