@@ -195,3 +195,51 @@ def test_a_host_s_heartbeat_age_and_state_are_in_metrics(make_fleet: FleetMaker,
         line for line in text.splitlines() if line.startswith('portal_gpu_host_heartbeat_age_seconds{host="sim-1"}')
     ]
     assert 12 <= float(age.split()[-1]) < 60
+
+
+def test_a_swarm_node_simulates_only_its_own_hosts_of_the_fleet(settings) -> None:  # type: ignore[no-untyped-def]
+    """Each GPU host of a Swarm stack gets the whole fleet and its own name (PORTAL_SIMULATED_HOSTS): its agent
+    finds, beats for and may change that host's GPUs alone, so two nodes' agents never claim one host."""
+    from sessions.gpus import agency
+    from sessions.gpus.backends import BackendError
+    from sessions.gpus.backends.simulated import SimulatedBackend
+
+    spec = "n1: 1xH200:mig; n2: 2xL4:whole; n3: 1xA30:shared=2"
+    settings.GPU_BACKEND, settings.SIMULATED_FLEET, settings.SIMULATED_HOSTS = "simulated", spec, ["n2"]
+    get_backend.cache_clear()
+    try:
+        assert agency.hosts_of_this_machine() == ["n2"]
+        found = [(host.name, [gpu.model_name for gpu in host.gpus]) for host in get_backend().discover()]
+        assert found == [("n2", ["L4-24GB", "L4-24GB"])]
+        settings.SIMULATED_HOSTS = []
+        assert agency.hosts_of_this_machine() == ["n1", "n2", "n3"]
+    finally:
+        get_backend.cache_clear()
+    with pytest.raises(BackendError, match="PORTAL_SIMULATED_HOSTS names n4, which PORTAL_SIMULATED_FLEET"):
+        SimulatedBackend(spec, hosts=["n2", "n4"])
+
+
+def test_an_operator_drains_and_brings_back_a_host_from_a_shell(
+    make_fleet: FleetMaker, staff: User, alice: User
+) -> None:
+    """`manage.py drain_host` does what the fleet page's button does, for the staff member named, and says how
+    many slices still run there; a wrong host or person is refused with the reason, changing nothing."""
+    from io import StringIO
+
+    from django.core.management import CommandError, call_command
+
+    make_fleet("sim-1: 1xH200:mig; sim-2: 1xL4:whole")
+    allocate(alice, MIG)
+    out = StringIO()
+    call_command("drain_host", "sim-1", f"--by={staff.username}", stdout=out)
+    assert host("sim-1").state == GpuHost.State.DRAINING
+    assert f"Drained by {staff.username}" in out.getvalue() and "Slices still held there: 1." in out.getvalue()
+    with pytest.raises(CommandError, match="already drained"):
+        call_command("drain_host", "sim-1", f"--by={staff.username}")
+    with pytest.raises(CommandError, match=r"no GPU host is named 'sim-9' \(the hosts: sim-1, sim-2\)"):
+        call_command("drain_host", "sim-9", f"--by={staff.username}")
+    with pytest.raises(CommandError, match="'alice' is not an active staff member"):
+        call_command("drain_host", "sim-2", "--by=alice")
+    assert host("sim-2").state == GpuHost.State.UP
+    call_command("drain_host", "sim-1", "--undo", f"--by={staff.username}", stdout=out)
+    assert host("sim-1").state == GpuHost.State.UP and "sim-1 takes new work again" in out.getvalue()
