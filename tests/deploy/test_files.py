@@ -181,3 +181,47 @@ def test_the_gpu_host_override_gives_the_agent_nvml_and_mig_and_nothing_else(env
         assert unordered(after["services"]) == unordered(before["services"]), tool
         merged[tool] = agent["environment"]["PORTAL_GPU_BACKEND"]
     assert merged == {"compose": "simulated", "stack": "simulated"}  # the env file's choice, not the override's
+
+
+def test_the_swarm_hosts_file_needs_its_settings_and_places_each_program(env_file: Path, tmp_path: Path) -> None:
+    """compose/swarm-hosts.yaml over the stack file: without the manager's address, the GPU hosts' engines or
+    their certificates it names what is missing; with them, the manager's programs get the engines and the
+    certificates (secrets), the GPU hosts' programs reach the manager's address and know their node, and the
+    database, Redis and daphne listen there too."""
+    for name in ("ca.pem", "cert.pem", "key.pem"):
+        (tmp_path / name).write_text("not read by config\n")
+    settings = {
+        "PORTAL_MANAGER_ADDRESS": "192.0.2.10",
+        "PORTAL_DOCKER_ENGINES": "gpu-2=tcp://192.0.2.12:2376",
+        "PORTAL_DOCKER_TLS_FILES": str(tmp_path),
+    }
+    plain = env_file.read_text()
+
+    def config(given: dict[str, str]) -> subprocess.CompletedProcess[str]:
+        env_file.write_text(plain + "".join(f"{key}={value}\n" for key, value in given.items()))
+        command = [str(ROOT / "compose/bin/stack"), str(env_file), "config", str(ROOT / "compose/swarm-hosts.yaml")]
+        return subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
+
+    for left_out in settings:
+        missing = config({key: value for key, value in settings.items() if key != left_out})
+        assert missing.returncode != 0 and f"set {left_out}" in missing.stderr, (left_out, missing.stderr)
+    read = config(settings)
+    assert read.returncode == 0 and read.stderr == "", read.stderr
+    services = yaml.safe_load(read.stdout)["services"]
+    for name in ("web", "worker", "hub", "beat", "estimate"):
+        environment = services[name]["environment"]
+        assert environment["PORTAL_DOCKER_ENGINES"] == "gpu-2=tcp://192.0.2.12:2376", name
+        assert environment["PORTAL_DOCKER_TLS_DIR"] == "/run/secrets/docker-tls", name
+        assert {secret["target"] for secret in services[name]["secrets"]} == {
+            f"docker-tls/{file}" for file in ("ca.pem", "cert.pem", "key.pem")
+        }, name
+    for name in ("agent", "render", "fence"):
+        service = services[name]
+        assert service["deploy"]["mode"] == "global", name
+        assert service["deploy"]["placement"]["constraints"] == ["node.labels.gpu-portal.gpu-host == true"], name
+        assert "@192.0.2.10:" in service["environment"]["DATABASE_URL"], name
+        assert service["environment"]["PORTAL_GPU_HOST_NAME"] == "{{.Node.Hostname}}", name
+        assert "PORTAL_DOCKER_ENGINES" not in service["environment"] and "secrets" not in service, name
+    assert "listen_addresses=127.0.0.1,192.0.2.10" in services["postgres"]["command"]
+    assert services["redis"]["command"][:4] == ["redis-server", "--bind", "127.0.0.1", "192.0.2.10"]
+    assert services["web"]["environment"]["PORTAL_BIND"] == "127.0.0.1,192.0.2.10"

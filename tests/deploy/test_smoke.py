@@ -130,6 +130,8 @@ def open_jupyterlab(page: Page, deployment: Deployment, name: str) -> None:
     lab = opened.value
     expect(lab).to_have_url(re.compile(rf"/jupyter/user/[^/]+/{name}/lab"), timeout=60_000)
     expect(lab).to_have_title(re.compile("JupyterLab"), timeout=60_000)
+    expect(lab.locator("#jp-main-dock-panel")).to_be_visible(timeout=60_000)  # the lab itself, drawn
+    expect(lab.locator("#jupyterlab-splash")).to_have_count(0, timeout=60_000)
     shot(lab, deployment.mode, f"jupyterlab-{name}")
     lab.close()
     page.bring_to_front()

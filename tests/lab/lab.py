@@ -44,6 +44,7 @@ ENGINE_POOL = "10.79.0.0/16"  # each engine's local bridges (docker0, docker_gwb
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 BUSYBOX = "gpu-portal/busybox:latest"  # the images the lab's engines are given
 NOTEBOOK = "gpu-portal/notebook:latest"
+ENGINE_TLS_PORT = 2376  # Docker's port for an engine behind TLS
 TEST_LAB = "gplt"  # the test suite's lab; not the one `make lab-up` builds (gpl), so the two never meet
 
 
@@ -119,6 +120,9 @@ class Lab:
     devices: Mapping[str, Iterable[str]] = field(default_factory=dict)
     relay: Mapping[int, int] = field(default_factory=dict)  # the switch's port -> this machine's 127.0.0.1 port
     relay_into: Mapping[int, int] = field(default_factory=dict)  # this machine's port -> the switch's 127.0.0.1
+    # Each engine also on tcp://<its address>:2376 with TLS both ways, its certificates in this folder
+    # (tests/lab/certificates.py); None: on its socket alone.
+    tls: Path | None = None
 
     def __post_init__(self) -> None:
         if not self.name.isalnum() or len(self.name) > 8:
@@ -205,6 +209,10 @@ class Lab:
             f"--default-address-pool=base={ENGINE_POOL},size=24",
             "--log-level=warn",
         ]
+        if self.tls is not None:
+            dockerd += [f"--host=tcp://{node.address}:{ENGINE_TLS_PORT}", "--tlsverify"]
+            dockerd += [f"--tlscacert={self.tls / 'ca.pem'}", f"--tlscert={self.tls / f'{node.name}-cert.pem'}"]
+            dockerd += [f"--tlskey={self.tls / f'{node.name}-key.pem'}"]
         # nsenter, not `ip netns exec`, which remounts /sys and hides the cgroup mounts dockerd needs;
         # unshare --uts gives the node its own host name.
         script = f"hostname {node.name} && exec {shlex.join(dockerd)}"

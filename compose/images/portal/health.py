@@ -82,14 +82,18 @@ def main(program: str) -> None:
         from django.conf import settings
 
         from sessions.runtime.firewall import Firewall
+        from sessions.runtime.network import host_bridge
 
-        if not Firewall(settings.USER_NETWORK).in_place():
-            raise SystemExit(f"the fence of {settings.USER_NETWORK.name} is not in place")
+        fenced = settings.USER_NETWORK
+        if os.environ.get("PORTAL_HUB_SPAWNER") == "swarm":  # a Swarm host's docker0 (entrypoint's fence)
+            fenced = host_bridge(settings.USER_NETWORK, os.environ["PORTAL_HUB_BIND_URL"], "docker0")
+        if not Firewall(fenced).in_place():
+            raise SystemExit(f"the fence of {getattr(fenced, 'bridge', fenced.name)} is not in place")
     elif program == "hub":
-        # Where the portal calls it: the notebook network's gateway, where it listens.
+        # Where the portal calls it: the notebook network's gateway, or PORTAL_HUB_BIND_URL, where it listens.
         from sessions.runtime.network import from_environ
 
-        answers(f"{from_environ(os.environ).hub_url}/jupyter/hub/api/")
+        answers(f"{os.environ.get('PORTAL_HUB_BIND_URL') or from_environ(os.environ).hub_url}/jupyter/hub/api/")
     elif program == "proxy":
         answers(f"http://127.0.0.1:{os.environ.get('PORTAL_PORT', '8000')}/jupyter/hub/api/")
     else:
