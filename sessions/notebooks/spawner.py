@@ -20,7 +20,7 @@ import requests
 from dockerspawner import DockerSpawner, SwarmSpawner
 from tornado import web
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError
-from traitlets import Float, Integer, Unicode
+from traitlets import Float, HasTraits, Integer, Unicode
 
 from sessions.runtime.engine_client import api_client
 from sessions.runtime.spec import HOST_NETWORK, ContainerSpec
@@ -48,71 +48,29 @@ def _host_memory() -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
-class PortalSpawner(DockerSpawner):
+class PortalHandshake(HasTraits):
+    """What every spawner of ours does with the portal, whatever runs the server (a Docker engine, a Swarm,
+    Kubernetes): it asks the portal's internal API for the session's launch spec, refuses anything but the
+    portal's session number from the hub's form, reports the session's moments back (in order, without holding
+    up the launch), streams the launch's steps, and polls JupyterLab itself until it answers. Mixed in before
+    the spawner class it serves (whose metaclass sets its traits up); JupyterHub's Spawner gives the rest."""
+
+    # The Spawner's, as this mixin uses them.
+    log: Any
+    user: Any
+    name: str
+    server: Any
+    start_timeout: int
+
     portal_url = Unicode("http://127.0.0.1:8002", help="The portal's own address (not the proxy).").tag(config=True)
     portal_token = Unicode("", help="The token shared with the portal (its hub service token).").tag(config=True)
     ready_poll_interval = Float(0.05, help="Seconds between checks that JupyterLab answers.").tag(config=True)
-    docker_threads = Integer(16, help="Threads for Docker calls, shared by all launches.").tag(config=True)
-    engine_tls_dir = Unicode(
-        "",
-        help="The CA, certificate and key a tcp:// engine of a GPU host is reached with (ca.pem, cert.pem, key.pem).",
-    ).tag(config=True)
     report_patience = Float(
         60.0, help="Seconds a report to the portal is tried again while the portal does not answer."
     ).tag(config=True)
-
-    _pool: ThreadPoolExecutor | None = None
-    _engines: ClassVar[dict[str, Any]] = {}  # a docker.APIClient per engine
-    session_id = 0
-    engine = ""  # the Docker engine of the slice's host, as the launch spec names it; "": the hub's own
     _steps: list[tuple[int, str]]
     _starting = False
-    _end: dict[str, Any]  # how the container ended, read in stop_object() before it is removed
-    # DockerSpawner's traits, typed for our use of them (annotations only: the traits stay).
-    network_name: str
-    environment: dict[str, Any]
-
-    @property
-    def executor(self) -> ThreadPoolExecutor:
-        # DockerSpawner's one shared thread makes every launch wait behind the slowest Docker call.
-        cls = type(self)
-        if cls._pool is None:
-            cls._pool = ThreadPoolExecutor(self.docker_threads, thread_name_prefix="docker")
-        return cls._pool
-
-    @property
-    def client(self) -> Any:
-        """The Docker engine of the slice's host (DockerSpawner's one client for the hub's own engine)."""
-        return self._client_of(self.engine)
-
-    def _client_of(self, endpoint: str) -> Any:
-        if not endpoint:
-            return super().client
-        found = self._engines.get(endpoint)
-        if found is None:
-            found = self._engines[endpoint] = api_client(endpoint, self.engine_tls_dir, **self.client_kwargs)
-        return found
-
-    def get_state(self) -> dict[str, Any]:
-        state: dict[str, Any] = super().get_state()
-        if self.session_id:
-            state.update(session_id=self.session_id, port=self.port, network=self.network_name, engine=self.engine)
-        return state
-
-    def load_state(self, state: dict[str, Any]) -> None:
-        super().load_state(state)
-        self.session_id = int(state.get("session_id", 0))
-        self.engine = str(state.get("engine", ""))  # a restarted hub stops the container on its own engine
-        # As the launch spec set it (``_apply``): a hub restarted since must still remove the container it stops.
-        if self.session_id:
-            self.remove = True
-        if "port" in state:
-            self.port, self.network_name = int(state["port"]), str(state.get("network", self.network_name))
-            self.use_internal_ip = self.network_name != HOST_NETWORK
-
-    def clear_state(self) -> None:
-        super().clear_state()
-        self.session_id = 0
+    session_id = 0
 
     def apply_user_options(self, spawner: Any, user_options: dict[str, Any]) -> None:
         # Everything that matters comes from the portal's spec; anything else sent here is refused.
@@ -179,6 +137,99 @@ class PortalSpawner(DockerSpawner):
             raise web.HTTPError(response.status_code, message)
         return dict(response.json())
 
+    def _step(self, percent: int, message: str) -> None:
+        """One step of the launch, for the hub's progress stream (its pages and the REST API)."""
+        self._steps.append((percent, message))
+
+    async def progress(self) -> Any:
+        """The launch's steps as the hub streams them; each reader gets them all from the first."""
+        shown = 0
+        while True:
+            steps = getattr(self, "_steps", [])
+            for percent, message in steps[shown:]:
+                yield {"progress": percent, "message": message}
+            shown = len(steps)
+            if not self._starting:
+                return
+            await asyncio.sleep(0.1)
+
+    async def _wait_until_answering(self, ip: str, port: int) -> None:
+        """Poll the server ourselves: the hub's random back-off costs seconds.
+
+        On the event loop, not in threads: a refused connection costs next to nothing,
+        and eight launches at once must not crowd the CPU their servers need to start.
+        """
+        url = f"http://{ip}:{port}{self.server.base_url if self.server else '/'}api"
+        client = AsyncHTTPClient()
+        deadline = time.monotonic() + self.start_timeout
+        while time.monotonic() < deadline:
+            if await _port_open(ip, port):
+                try:
+                    await client.fetch(url, request_timeout=2, raise_error=False)
+                    return
+                except (OSError, HTTPClientError):
+                    pass  # open but not answering yet (or a timeout): try again
+            await asyncio.sleep(self.ready_poll_interval)
+        raise TimeoutError(f"JupyterLab did not answer within {self.start_timeout} s")
+
+
+class PortalSpawner(PortalHandshake, DockerSpawner):
+    docker_threads = Integer(16, help="Threads for Docker calls, shared by all launches.").tag(config=True)
+    engine_tls_dir = Unicode(
+        "",
+        help="The CA, certificate and key a tcp:// engine of a GPU host is reached with (ca.pem, cert.pem, key.pem).",
+    ).tag(config=True)
+
+    _pool: ThreadPoolExecutor | None = None
+    _engines: ClassVar[dict[str, Any]] = {}  # a docker.APIClient per engine
+    engine = ""  # the Docker engine of the slice's host, as the launch spec names it; "": the hub's own
+    _end: dict[str, Any]  # how the container ended, read in stop_object() before it is removed
+    # DockerSpawner's traits, typed for our use of them (annotations only: the traits stay).
+    network_name: str
+    environment: dict[str, Any]
+
+    @property
+    def executor(self) -> ThreadPoolExecutor:
+        # DockerSpawner's one shared thread makes every launch wait behind the slowest Docker call.
+        cls = type(self)
+        if cls._pool is None:
+            cls._pool = ThreadPoolExecutor(self.docker_threads, thread_name_prefix="docker")
+        return cls._pool
+
+    @property
+    def client(self) -> Any:
+        """The Docker engine of the slice's host (DockerSpawner's one client for the hub's own engine)."""
+        return self._client_of(self.engine)
+
+    def _client_of(self, endpoint: str) -> Any:
+        if not endpoint:
+            return super().client
+        found = self._engines.get(endpoint)
+        if found is None:
+            found = self._engines[endpoint] = api_client(endpoint, self.engine_tls_dir, **self.client_kwargs)
+        return found
+
+    def get_state(self) -> dict[str, Any]:
+        state: dict[str, Any] = super().get_state()
+        if self.session_id:
+            state.update(session_id=self.session_id, port=self.port, network=self.network_name, engine=self.engine)
+        return state
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        super().load_state(state)
+        self.session_id = int(state.get("session_id", 0))
+        self.engine = str(state.get("engine", ""))  # a restarted hub stops the container on its own engine
+        # As the launch spec set it (``_apply``): a hub restarted since must still remove the container it stops.
+        if self.session_id:
+            self.remove = True
+        if "port" in state:
+            self.port, self.network_name = int(state["port"]), str(state.get("network", self.network_name))
+            self.use_internal_ip = self.network_name != HOST_NETWORK
+
+    def clear_state(self) -> None:
+        super().clear_state()
+        self.session_id = 0
+
     def _apply(self, launch: dict[str, Any]) -> None:
         """The portal's launch spec onto DockerSpawner: the container spec as the portal built it, applied by
         the same code as the Docker adapter's (ContainerSpec.host_config), plus JupyterLab's environment."""
@@ -212,22 +263,6 @@ class PortalSpawner(DockerSpawner):
         ip, port = await super().get_ip_and_port()
         return str(ip), int(port)
 
-    def _step(self, percent: int, message: str) -> None:
-        """One step of the launch, for the hub's progress stream (its pages and the REST API)."""
-        self._steps.append((percent, message))
-
-    async def progress(self) -> Any:
-        """The launch's steps as the hub streams them; each reader gets them all from the first."""
-        shown = 0
-        while True:
-            steps = getattr(self, "_steps", [])
-            for percent, message in steps[shown:]:
-                yield {"progress": percent, "message": message}
-            shown = len(steps)
-            if not self._starting:
-                return
-            await asyncio.sleep(0.1)
-
     async def start(self) -> tuple[str, int]:
         self._steps, self._starting = [], True
         try:
@@ -251,25 +286,6 @@ class PortalSpawner(DockerSpawner):
             return ip, port
         finally:
             self._starting = False
-
-    async def _wait_until_answering(self, ip: str, port: int) -> None:
-        """Poll the server ourselves: the hub's random back-off costs seconds.
-
-        On the event loop, not in threads: a refused connection costs next to nothing,
-        and eight launches at once must not crowd the CPU their servers need to start.
-        """
-        url = f"http://{ip}:{port}{self.server.base_url if self.server else '/'}api"
-        client = AsyncHTTPClient()
-        deadline = time.monotonic() + self.start_timeout
-        while time.monotonic() < deadline:
-            if await _port_open(ip, port):
-                try:
-                    await client.fetch(url, request_timeout=2, raise_error=False)
-                    return
-                except (OSError, HTTPClientError):
-                    pass  # open but not answering yet (or a timeout): try again
-            await asyncio.sleep(self.ready_poll_interval)
-        raise TimeoutError(f"JupyterLab did not answer within {self.start_timeout} s")
 
     async def _container_state(self) -> dict[str, Any]:
         """The engine's own record of the container: when it started and ended (what billing charges by)."""
