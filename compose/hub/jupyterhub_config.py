@@ -26,11 +26,16 @@ SERVICE_TOKEN = env.text("PORTAL_HUB_SERVICE_TOKEN", "") or (DATA / "hub_service
 # Where notebook servers reach the hub: the user network's gateway on one host; across a Swarm, an address of
 # the hub's machine that every GPU host routes to (PORTAL_HUB_BIND_URL).
 HUB_URL = env.text("PORTAL_HUB_BIND_URL", NETWORK.hub_url).rstrip("/")
-# docker: each notebook a container on its host's engine; swarm: a service pinned to its host's Swarm node.
+# docker: each notebook a container on its host's engine; swarm: a service pinned to its host's Swarm node;
+# kube: a pod on its host's Kubernetes node (Zero to JupyterHub's values set it: compose/kubernetes/).
 SPAWNER = env.choice(
     "PORTAL_HUB_SPAWNER",
     "docker",
-    {"docker": "sessions.notebooks.spawner.PortalSpawner", "swarm": "sessions.notebooks.spawner.PortalSwarmSpawner"},
+    {
+        "docker": "sessions.notebooks.spawner.PortalSpawner",
+        "swarm": "sessions.notebooks.spawner.PortalSwarmSpawner",
+        "kube": "sessions.notebooks.kubespawner.PortalKubeSpawner",
+    },
 )
 
 c.JupyterHub.bind_url = f"{PUBLIC}/jupyter/"
@@ -105,9 +110,9 @@ c.JupyterHub.load_roles = [
 
 c.JupyterHub.spawner_class = SPAWNER
 c.PortalSwarmSpawner.swarm_manager = env.text("PORTAL_SWARM_MANAGER", "")  # empty: the hub's own engine
-c.PortalSpawner.portal_url = PORTAL
+c.PortalSpawner.portal_url = c.PortalKubeSpawner.portal_url = PORTAL
 c.PortalSpawner.engine_tls_dir = env.text("PORTAL_DOCKER_TLS_DIR", "")  # for a GPU host's tcp:// engine
-c.PortalSpawner.portal_token = SERVICE_TOKEN
+c.PortalSpawner.portal_token = c.PortalKubeSpawner.portal_token = SERVICE_TOKEN
 c.PortalSpawner.image = "gpu-portal/notebook:latest"
 c.PortalSpawner.pull_policy = "never"
 c.PortalSpawner.name_template = "gpu-portal-{username}-{servername}"

@@ -73,6 +73,8 @@ def spec(session: NotebookSession) -> dict[str, Any]:
         "container": container.to_json(),
         "sized_for_host": host.name if host.cpus else "",
         "host": host.name,  # its Swarm node's hostname, where the hub's spawner runs services
+        # The allocator's decision, for a spawner that asks a cluster for it (sessions.runtime.kube.slices).
+        "slice": {"kind": taken.kind, "profile": taken.profile, "gpu": taken.gpu.uuid, "device": taken.device_uuid},
         "engine": engines.endpoint_of(host.name),  # "": the hub's own engine
         "environment": {"GPU_PORTAL_SESSION": str(session.pk), "GPU_PORTAL_SLICE": taken.describe()},
         "volume": WorkVolume.for_owner(session.owner_id).name,

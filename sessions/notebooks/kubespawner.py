@@ -1,0 +1,173 @@
+"""Our JupyterHub spawner on Kubernetes: KubeSpawner, told by the portal what to run on which GPU slice.
+
+The same handshake with the portal as the Docker spawner (``PortalHandshake``: the launch spec asked for, the
+session's moments reported), applied to a pod: the slice as Kubernetes is asked for it
+(``sessions.runtime.kube.slices``: the device plugin's resource and a required node affinity to the node our
+allocator chose, or a DRA claim naming the device), the container spec's CPU and memory limits and labels, the
+person's work folder on a claim of their own, and the hardening every user container gets: not root, no
+privilege escalation, no capabilities, a read-only root with writable home and /tmp, the runtime's seccomp
+profile and no token of the cluster's API. Like the Docker spawner it runs inside the hub's process and
+imports nothing of Django.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from kubernetes_asyncio.client import ApiException, ResourceV1Api
+from kubernetes_asyncio.client.models import CoreV1ResourceClaim, V1PodResourceClaim
+from kubespawner import KubeSpawner
+from traitlets import Unicode, default, validate
+
+from sessions.notebooks.spawner import HOME, PortalHandshake
+from sessions.runtime.kube.manifests import CONTAINER_SECURITY, POD_SECURITY
+from sessions.runtime.kube.slices import DEVICE_PLUGIN, DRA, WAYS, KubeSlice
+from sessions.runtime.spec import ContainerSpec
+
+NOTEBOOK_USER = 1000  # jovyan, the notebook image's user (compose/images/notebook/Dockerfile)
+JOVYAN_HOME = "/home/jovyan"
+LABEL_VALUE = re.compile(r"[^A-Za-z0-9._-]")
+
+
+def label_value(value: str) -> str:
+    """A Kubernetes label value: at most 63 of letters, digits, '-', '_' and '.', starting and ending with one
+    of the first two (our holder "notebook:12" becomes "notebook-12")."""
+    return LABEL_VALUE.sub("-", value)[:63].strip("-_.")
+
+
+class PortalKubeSpawner(PortalHandshake, KubeSpawner):
+    slice_request = Unicode(
+        DEVICE_PLUGIN,
+        help="How a pod asks for its slice: 'device-plugin' (NVIDIA's extended resources with node affinity) or "
+        "'dra' (a resource.k8s.io/v1 ResourceClaim that selects the device the allocator chose).",
+    ).tag(config=True)
+
+    kube_slice: KubeSlice | None = None
+    # KubeSpawner's traits, typed for our use of them (annotations only: the traits stay).
+    environment: dict[str, Any]
+    extra_labels: dict[str, str]
+    extra_annotations: dict[str, str]
+
+    @validate("slice_request")
+    def _one_of_the_ways(self, proposal: Any) -> str:
+        if proposal["value"] not in WAYS:
+            raise ValueError(f"slice_request is one of {', '.join(WAYS)} (got {proposal['value']!r})")
+        return str(proposal["value"])
+
+    # Every user container's hardening (KubeSpawner's own traits, so the chart's values can still see them).
+    @default("uid")
+    def _uid(self) -> int:
+        return NOTEBOOK_USER
+
+    @default("gid")
+    def _gid(self) -> int:
+        return NOTEBOOK_USER
+
+    @default("fs_gid")
+    def _fs_gid(self) -> int:
+        return NOTEBOOK_USER
+
+    @default("allow_privilege_escalation")
+    def _no_escalation(self) -> bool:
+        return False
+
+    @default("automount_service_account_token")
+    def _no_api_token(self) -> bool:
+        return False
+
+    @default("container_security_context")
+    def _container_security(self) -> dict[str, Any]:
+        return {**CONTAINER_SECURITY, "readOnlyRootFilesystem": True, "runAsNonRoot": True}
+
+    @default("pod_security_context")
+    def _pod_security(self) -> dict[str, Any]:
+        return {**POD_SECURITY, "runAsUser": NOTEBOOK_USER, "runAsGroup": NOTEBOOK_USER, "fsGroup": NOTEBOOK_USER}
+
+    @default("storage_pvc_ensure")
+    def _work_volume_claimed(self) -> bool:
+        return True
+
+    @default("storage_capacity")
+    def _work_volume_size(self) -> str:  # Zero to JupyterHub's singleuser.storage.capacity sets it
+        return "10Gi"
+
+    def _apply(self, launch: dict[str, Any]) -> None:
+        """The portal's launch spec onto KubeSpawner's traits."""
+        self.session_id = int(launch["session"])
+        spec = ContainerSpec.from_json(launch["container"])
+        self.kube_slice = taken = KubeSlice.from_launch(launch)
+        self.image = spec.image
+        self.cpu_limit = self.cpu_guarantee = spec.limits.cpus
+        self.mem_limit = self.mem_guarantee = spec.limits.memory_bytes
+        limits = {"CPU_LIMIT": str(spec.limits.cpus), "MEM_LIMIT": str(spec.limits.memory_bytes)}
+        self.environment = {**self.environment, **limits, **launch["environment"]}
+        self.extra_labels = {**self.extra_labels, **{key: label_value(v) for key, v in spec.labels.items()}}
+        self.extra_annotations = {**self.extra_annotations, **{f"{key}-full": v for key, v in spec.labels.items()}}
+        self.node_affinity_required = [taken.node_affinity_term()]
+        if self.slice_request == DEVICE_PLUGIN:
+            self.extra_resource_limits = self.extra_resource_guarantees = taken.limits()
+        else:
+            self.extra_resource_limits = self.extra_resource_guarantees = {}
+        self.pvc_name = launch["volume"]
+        self.volumes = {
+            "work": {"name": "work", "persistentVolumeClaim": {"claimName": self.pvc_name}},
+            "home": {"name": "home", "emptyDir": {}},
+            "tmp": {"name": "tmp", "emptyDir": {}},
+        }
+        self.volume_mounts = {
+            "home": {"name": "home", "mountPath": JOVYAN_HOME},
+            "work": {"name": "work", "mountPath": HOME},
+            "tmp": {"name": "tmp", "mountPath": "/tmp"},  # noqa: S108  # the pod's own, not the node's
+        }
+
+    async def get_pod_manifest(self) -> Any:
+        """KubeSpawner's pod, with the DRA claim referenced where the slice is asked for that way."""
+        pod = await super().get_pod_manifest()
+        if self.slice_request == DRA and self.kube_slice is not None:
+            (claim,) = self.kube_slice.pod_claims(self.pod_name)
+            pod.spec.resource_claims = [
+                V1PodResourceClaim(name=claim["name"], resource_claim_name=claim["resourceClaimName"])
+            ]
+            pod.spec.containers[0].resources.claims = [CoreV1ResourceClaim(name="gpu")]
+        return pod
+
+    def resource_claim(self) -> dict[str, Any]:
+        """The slice's ResourceClaim (DRA), labelled as the pod is."""
+        assert self.kube_slice is not None
+        labels = self._build_common_labels(self._expand_all(self.extra_labels))
+        return self.kube_slice.resource_claim(self.pod_name, self.namespace, labels)
+
+    async def _ensure_claim(self) -> None:
+        """Create the slice's claim before its pod; a share's claim (its GPU's, for every tenant) may exist."""
+        try:
+            claim: Any = self.resource_claim()  # the client sends a plain dictionary as it is
+            await ResourceV1Api(self.api.api_client).create_namespaced_resource_claim(
+                self.namespace, claim, _request_timeout=self.k8s_api_request_timeout
+            )
+        except ApiException as error:
+            if error.status != 409:
+                raise
+
+    async def start(self) -> Any:
+        self._steps, self._starting = [], True
+        try:
+            self._step(10, "Slice allocated; asking the portal for the launch spec")
+            self._apply(await self._fetch_spec())
+            assert self.kube_slice is not None
+            where = f"{self.kube_slice.resource} on {self.kube_slice.node}"
+            self._step(30, f"Creating the pod ({where})")
+            self._report_soon("progress", message="Creating the pod")
+            try:
+                if self.slice_request == DRA:
+                    await self._ensure_claim()
+                url = await super().start()
+                self._report_soon("container_started", container_id=self.pod_name)
+                self._step(90, "JupyterLab answers")
+            except Exception as error:
+                self._report_soon("failed", message=str(error))
+                raise
+            self._report_soon("ready")
+            return url
+        finally:
+            self._starting = False
