@@ -76,6 +76,10 @@ _check_fleet()
 # Live GPU metrics: how often the agent samples, how long per-minute history is kept, the bearer
 # token Prometheus must send to /metrics (empty: /metrics is off), and open metric sockets per person.
 METRICS_INTERVAL_MS = env.integer("PORTAL_METRICS_INTERVAL_MS", 1000, minimum=100)
+# Where the agent's samples come from: the GPU backend (NVML, or the simulated fleet), or NVIDIA's
+# dcgm-exporter on the node (sessions/metrics/dcgm.py), read at its Prometheus address.
+METRICS_SOURCE = env.choice("PORTAL_METRICS_SOURCE", "backend", {"backend": "backend", "dcgm": "dcgm"})
+DCGM_EXPORTER_URL = env.text("PORTAL_DCGM_EXPORTER_URL", "http://127.0.0.1:9400/metrics")
 METRICS_RETENTION_DAYS = env.integer("PORTAL_METRICS_RETENTION_DAYS", 30, minimum=1)
 METRICS_TOKEN = env.text("PORTAL_METRICS_TOKEN", "")
 METRICS_SOCKETS_PER_USER = env.integer("PORTAL_METRICS_SOCKETS_PER_USER", 20, minimum=1)

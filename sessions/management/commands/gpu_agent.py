@@ -47,7 +47,12 @@ class Command(BaseCommand):
         executor.start()
         activity = Activity(None if options["no_docker"] or backend.name != "simulated" else _docker_reader())
         gc.freeze()  # the long-lived objects made at start-up need never be scanned again
-        agent = Agent(backend, name, interval_ms / 1000, activity=activity, hosts=hosts, beats_for=beats_for)
+        sampled: Any = backend
+        if settings.METRICS_SOURCE == "dcgm":  # the node's dcgm-exporter measures; the backend does the rest
+            from sessions.metrics.dcgm import DcgmSource
+
+            sampled = DcgmSource(backend, settings.DCGM_EXPORTER_URL)
+        agent = Agent(sampled, name, interval_ms / 1000, activity=activity, hosts=hosts, beats_for=beats_for)
         try:
             asyncio.run(agent.run(options["ticks"]))
         except KeyboardInterrupt:
