@@ -55,45 +55,29 @@ class PortalKubeSpawner(PortalHandshake, KubeSpawner):
             raise ValueError(f"slice_request is one of {', '.join(WAYS)} (got {proposal['value']!r})")
         return str(proposal["value"])
 
-    # Every user container's hardening (KubeSpawner's own traits, so the chart's values can still see them).
-    @default("uid")
-    def _uid(self) -> int:
-        return NOTEBOOK_USER
-
-    @default("gid")
-    def _gid(self) -> int:
-        return NOTEBOOK_USER
-
-    @default("fs_gid")
-    def _fs_gid(self) -> int:
-        return NOTEBOOK_USER
-
-    @default("allow_privilege_escalation")
-    def _no_escalation(self) -> bool:
-        return False
-
-    @default("automount_service_account_token")
-    def _no_api_token(self) -> bool:
-        return False
-
-    @default("container_security_context")
-    def _container_security(self) -> dict[str, Any]:
-        return {**CONTAINER_SECURITY, "readOnlyRootFilesystem": True, "runAsNonRoot": True}
-
-    @default("pod_security_context")
-    def _pod_security(self) -> dict[str, Any]:
-        return {**POD_SECURITY, "runAsUser": NOTEBOOK_USER, "runAsGroup": NOTEBOOK_USER, "fsGroup": NOTEBOOK_USER}
-
-    @default("storage_pvc_ensure")
-    def _work_volume_claimed(self) -> bool:
-        return True
-
     @default("storage_capacity")
     def _work_volume_size(self) -> str:  # Zero to JupyterHub's singleuser.storage.capacity sets it
         return "10Gi"
 
+    def _harden(self) -> None:
+        """Every user container's hardening, whatever the chart's values or a profile say (a notebook is
+        hostile): not root, no privilege escalation, no capabilities, a read-only root, the runtime's seccomp
+        profile, no token of the cluster's API."""
+        self.uid = self.gid = self.fs_gid = NOTEBOOK_USER
+        self.allow_privilege_escalation = False
+        self.privileged = False
+        self.automount_service_account_token = False
+        self.container_security_context = {**CONTAINER_SECURITY, "readOnlyRootFilesystem": True, "runAsNonRoot": True}
+        self.pod_security_context = {
+            **POD_SECURITY,
+            "runAsUser": NOTEBOOK_USER,
+            "runAsGroup": NOTEBOOK_USER,
+            "fsGroup": NOTEBOOK_USER,
+        }
+
     def _apply(self, launch: dict[str, Any]) -> None:
         """The portal's launch spec onto KubeSpawner's traits."""
+        self._harden()
         self.session_id = int(launch["session"])
         spec = ContainerSpec.from_json(launch["container"])
         self.kube_slice = taken = KubeSlice.from_launch(launch)
@@ -109,6 +93,7 @@ class PortalKubeSpawner(PortalHandshake, KubeSpawner):
             self.extra_resource_limits = self.extra_resource_guarantees = taken.limits()
         else:
             self.extra_resource_limits = self.extra_resource_guarantees = {}
+        self.storage_pvc_ensure = True  # the person's work claim, made on the first start (the chart's is off)
         self.pvc_name = launch["volume"]
         self.volumes = {
             "work": {"name": "work", "persistentVolumeClaim": {"claimName": self.pvc_name}},

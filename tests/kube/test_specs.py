@@ -178,3 +178,25 @@ def test_an_invalid_object_fails_the_schema_check() -> None:
     old["spec"]["devices"]["requests"][0]["deviceClassName"] = "gpu.nvidia.com"  # v1beta1's place for it
     with pytest.raises(kubernetes_validate.ValidationError):
         valid(old)
+
+
+async def test_the_hardening_holds_whatever_the_configuration_says() -> None:
+    """A chart's values or a profile asking for root, privilege or the API's token get none of them."""
+    made = PortalKubeSpawner(
+        _mock=True,
+        user=HubUser(),
+        namespace=NAMESPACE,
+        k8s_api_host="http://127.0.0.1:1",
+        uid=0,
+        privileged=True,
+        allow_privilege_escalation=True,
+        automount_service_account_token=True,
+        storage_pvc_ensure=False,
+    )
+    made._apply(launch_spec(SLICES["whole"]))
+    pod = valid(plain(await made.get_pod_manifest()))
+    (container,) = pod["spec"]["containers"]
+    assert pod["spec"]["securityContext"]["runAsUser"] == 1000 and pod["spec"]["automountServiceAccountToken"] is False
+    assert container["securityContext"]["privileged"] is False
+    assert container["securityContext"]["allowPrivilegeEscalation"] is False
+    assert made.storage_pvc_ensure is True
