@@ -105,7 +105,8 @@ def event(request: HttpRequest) -> HttpResponse:
     if exit_code is not None and (not isinstance(exit_code, int) or isinstance(exit_code, bool)):
         return _refuse(400, "'exit_code' must be a whole number.")
     end = services.ContainerEnd(at=at, exit_code=exit_code, oom_killed=body.get("oom_killed") is True)
-    session = services.record_event(session_id, kind, container_id, message, at=at, end=end)
+    reason = str(body.get("reason", ""))[:500]  # what the owner reads of a failure, where the spawner says
+    session = services.record_event(session_id, kind, container_id, message, at=at, end=end, reason=reason)
     return JsonResponse({"session": session.pk, "state": session.state})
 
 

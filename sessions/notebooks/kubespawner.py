@@ -12,13 +12,15 @@ imports nothing of Django.
 
 from __future__ import annotations
 
+import asyncio
 import re
+from datetime import UTC, datetime
 from typing import Any
 
 from kubernetes_asyncio.client import ApiException, ResourceV1Api
 from kubernetes_asyncio.client.models import CoreV1ResourceClaim, V1PodResourceClaim
 from kubespawner import KubeSpawner
-from traitlets import Unicode, default, validate
+from traitlets import Float, Unicode, default, validate
 
 from sessions.notebooks.spawner import HOME, PortalHandshake
 from sessions.runtime.kube.manifests import CONTAINER_SECURITY, POD_SECURITY
@@ -42,6 +44,8 @@ class PortalKubeSpawner(PortalHandshake, KubeSpawner):
         help="How a pod asks for its slice: 'device-plugin' (NVIDIA's extended resources with node affinity) or "
         "'dra' (a resource.k8s.io/v1 ResourceClaim that selects the device the allocator chose).",
     ).tag(config=True)
+
+    unschedulable_poll_interval = Float(0.2, help="Seconds between looks at the pod's scheduling.").tag(config=True)
 
     kube_slice: KubeSlice | None = None
     # KubeSpawner's traits, typed for our use of them (annotations only: the traits stay).
@@ -134,6 +138,29 @@ class PortalKubeSpawner(PortalHandshake, KubeSpawner):
             if error.status != 409:
                 raise
 
+    def _unschedulable(self) -> str:
+        """The scheduler's words when it has said it cannot place our pod (its PodScheduled condition), else
+        "". A pod pinned to one node by our allocator waits there in vain: the node is full or gone."""
+        pod = self.pod_reflector.pods.get(f"{self.namespace}/{self.pod_name}") if self.pod_reflector else None
+        for condition in ((pod or {}).get("status") or {}).get("conditions") or []:
+            if condition.get("type") == "PodScheduled" and condition.get("reason") == "Unschedulable":
+                return str(condition.get("message") or "no node can take it")
+        return ""
+
+    async def _placed_or_refused(self) -> Any:
+        """KubeSpawner's start, unless the scheduler says first that it cannot place the pod: then the pod is
+        deleted and the start fails at once with the scheduler's words (KubeSpawner would wait out its start
+        timeout for a pod that will never run)."""
+        started = asyncio.ensure_future(super().start())
+        while not started.done():
+            refusal = self._unschedulable()
+            if refusal:
+                started.cancel()
+                await super().stop(now=True)
+                raise Unschedulable(refusal)
+            await asyncio.wait([started], timeout=self.unschedulable_poll_interval)
+        return started.result()
+
     async def start(self) -> Any:
         self._steps, self._starting = [], True
         try:
@@ -146,9 +173,13 @@ class PortalKubeSpawner(PortalHandshake, KubeSpawner):
             try:
                 if self.slice_request == DRA:
                     await self._ensure_claim()
-                url = await super().start()
+                url = await self._placed_or_refused()
                 self._report_soon("container_started", container_id=self.pod_name)
                 self._step(90, "JupyterLab answers")
+            except Unschedulable as refused:
+                reason = f"The cluster cannot place this session on its GPU host now ({refused}). Try again later."
+                self._report_soon("failed", message=f"unschedulable: {refused}", reason=reason)
+                raise
             except Exception as error:
                 self._report_soon("failed", message=str(error))
                 raise
@@ -156,3 +187,14 @@ class PortalKubeSpawner(PortalHandshake, KubeSpawner):
             return url
         finally:
             self._starting = False
+
+    async def stop(self, now: bool = False) -> None:
+        """The pod deleted (KubeSpawner waits until it is gone), then its end reported at that moment."""
+        session_id = self.session_id
+        await super().stop(now=now)
+        if session_id:
+            self._report_soon("stopped", at=datetime.now(UTC).isoformat())
+
+
+class Unschedulable(RuntimeError):
+    """The scheduler cannot place the pod; the message is its own."""

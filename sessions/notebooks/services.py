@@ -213,11 +213,14 @@ def record_event(
     message: str = "",
     at: datetime | None = None,
     end: ContainerEnd | None = None,
+    reason: str = "",
 ) -> NotebookSession:
     """What the spawner reports: progress, container started, ready, stopped, failed.
 
     ``at`` is the engine's own moment for a container that started; ``end`` how it ended (FinishedAt,
-    exit code). ``message`` of a failure is the spawner's technical text: operators see it, owners do not.
+    exit code). ``message`` of a failure is the spawner's technical text: operators see it, owners do not;
+    ``reason``, where the spawner gives one, is what its owner reads instead of the general words (a cluster
+    with no room for the slice, say).
     """
     with transaction.atomic():
         session = NotebookSession.objects.select_for_update().get(pk=session_id)
@@ -234,7 +237,7 @@ def record_event(
         elif event == "stopped":
             return _container_ended(session, end or ContainerEnd(at=at))
         elif event == "failed":
-            return _failed(session, LAUNCH_FAILED, detail=message)
+            return _failed(session, reason or LAUNCH_FAILED, detail=message)
         session.save()
         _announce(session)
         return session

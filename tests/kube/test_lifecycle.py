@@ -1,0 +1,263 @@
+"""The Kubernetes spawner's lifecycle (issue 34) through the real KubeSpawner code, talking HTTP to an in-memory
+Kubernetes API server (kmock's emulator), with the portal (daphne on the test database) on the other side of
+the handshake. A stand-in for the scheduler and kubelet plays the cluster's part: a pod pinned to a node that
+has room runs (Running, ready, an address); one pinned to a node without room is refused the way the
+scheduler refuses it (PodScheduled false, Unschedulable, its words).
+
+What this proves: our spawner's requests are ones an API server takes, it follows the pod through KubeSpawner's
+own watch, reports each moment to the portal, and fails an unschedulable pod at once with the scheduler's
+reason on the session card, its slice released. What it does not: that a real scheduler decides the same."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from django.conf import settings
+from django.contrib.auth.models import User
+from django.db import connection
+from kmock import KubernetesEmulator, ResourceInfo, Server, action
+from kubernetes_asyncio.client import ApiClient, Configuration, CoreV1Api
+from kubespawner import KubeSpawner
+
+from sessions.gpus.allocator import SliceRequest, allocate
+from sessions.gpus.holders import Holder
+from sessions.notebooks.kubespawner import PortalKubeSpawner, Unschedulable
+from sessions.notebooks.models import NotebookImage, NotebookSession
+from sessions.notebooks.services import stop_session
+from tests.gpus.conftest import use_fleet
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(180)]
+NAMESPACE = "gpu-portal"
+FLEET = "gpu-node-2: 1xA100-80GB:mig; gpu-node-3: 1xL4:whole"
+REFUSAL = "0/2 nodes are available: 1 Insufficient nvidia.com/gpu, 1 node(s) didn't match Pod's node affinity/selector."
+
+
+@dataclass
+class HubUser:
+    name: str
+    id: int = 7
+    url: str = ""
+    escaped_name: str = ""
+    settings: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.url = self.url or f"/jupyter/user/{self.name}/"
+        self.escaped_name = self.escaped_name or self.name
+
+
+class ApiServer(KubernetesEmulator):
+    """kmock's emulator, filling in what a real API server gives every object it creates: its namespace (from
+    the request's path), a uid and a creation time; and taking ``watch=True`` (what the Python client sends)
+    for a watch, as the API server's boolean parsing does (kmock knows ``watch=true`` alone); and a new
+    resourceVersion with every change, which watchers resume from."""
+
+    versions = itertools.count(1)
+
+    async def _handle(self, request: Any) -> Any:
+        if request.action == action.LIST and request.params.get("watch", "").lower() in ("true", "1"):
+            object.__setattr__(request, "action", action.WATCH)  # the same request: kmock matches by identity
+        if request.action in (action.CREATE, action.UPDATE) and isinstance(request.data, dict):
+            metadata = request.data.setdefault("metadata", {})
+            metadata["resourceVersion"] = str(next(self.versions))
+            if request.action == action.CREATE:
+                if request.namespace:
+                    metadata.setdefault("namespace", request.namespace)
+                metadata.setdefault("uid", str(uuid.uuid4()))
+                metadata.setdefault("creationTimestamp", datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"))
+                request.data.setdefault("status", {"phase": "Pending"} if request.resource.plural == "pods" else {})
+        return await super()._handle(request)
+
+
+@dataclass
+class Cluster:
+    """The in-memory API server, and the nodes the stand-in scheduler finds room on."""
+
+    url: str
+    room_on: set[str]
+
+
+def node_of(pod: dict[str, Any]) -> str:
+    terms = pod["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    return str(terms["nodeSelectorTerms"][0]["matchExpressions"][0]["values"][0])
+
+
+async def kubelet(cluster: Cluster, stop: asyncio.Event) -> None:
+    """Every new pod: running on a node with room (an address, its container ready, a uid), or refused by
+    the scheduler as Kubernetes refuses it."""
+    async with ApiClient(Configuration(host=cluster.url)) as client:
+        core, seen = CoreV1Api(client), set()
+        while not stop.is_set():
+            for pod in (await core.list_namespaced_pod(NAMESPACE)).items:
+                raw = client.sanitize_for_serialization(pod)
+                name = raw["metadata"]["name"]
+                if name in seen:
+                    continue
+                seen.add(name)
+                now = datetime.now(UTC).isoformat()
+                if node_of(raw) in cluster.room_on:
+                    status = {
+                        "phase": "Running",
+                        "podIP": "127.0.0.1",
+                        "conditions": [{"type": "PodScheduled", "status": "True"}, {"type": "Ready", "status": "True"}],
+                        "containerStatuses": [
+                            {"name": "notebook", "ready": True, "restartCount": 0, "image": "gpu-portal/notebook",
+                             "imageID": "", "state": {"running": {"startedAt": now}}}
+                        ],
+                    }  # fmt: skip
+                    patch = {"spec": {"nodeName": node_of(raw)}, "status": status}
+                else:
+                    condition = {
+                        "type": "PodScheduled",
+                        "status": "False",
+                        "reason": "Unschedulable",
+                        "message": REFUSAL,
+                    }
+                    patch = {
+                        "metadata": {"uid": f"uid-{name}"},
+                        "status": {"phase": "Pending", "conditions": [condition]},
+                    }
+                await core.patch_namespaced_pod(name, NAMESPACE, patch)
+            await asyncio.sleep(0.1)
+
+
+@pytest.fixture
+async def cluster() -> AsyncIterator[Cluster]:
+    async with ApiServer() as emulator, Server(emulator) as server:
+        for kind in ("v1/pods", "v1/persistentvolumeclaims", "v1/events", "resource.k8s.io/v1/resourceclaims"):
+            emulator.resources[kind] = ResourceInfo()  # served (empty) before the first object of the kind exists
+        found = Cluster(str(server.url).rstrip("/"), room_on={"gpu-node-2"})
+        stop = asyncio.Event()
+        running = asyncio.ensure_future(kubelet(found, stop))
+        yield found
+        stop.set()
+        await running
+        for reflector in list(KubeSpawner.reflectors.values()):  # watching this server: gone with it
+            await reflector.stop()
+        KubeSpawner.reflectors.clear()
+
+
+def starting_session(owner: User, request: SliceRequest, name: str) -> NotebookSession:
+    """A session the portal has given a slice and is starting: what the hub's start call finds."""
+    image, _ = NotebookImage.objects.get_or_create(name="JupyterLab", defaults={"image": "gpu-portal/notebook:latest"})
+    session = NotebookSession.objects.create(
+        owner=owner, server_name=name, image=image, state=NotebookSession.State.STARTING
+    )
+    session.slice = allocate(owner, request, holder=Holder.notebook(session.pk))
+    session.save(update_fields=["slice"])
+    return session
+
+
+def spawner(cluster: Cluster, portal: str, owner: User, name: str) -> PortalKubeSpawner:
+    return PortalKubeSpawner(
+        _mock=True,
+        user=HubUser(owner.username),
+        orm_spawner=SimpleNamespace(name=name, display_name=name, server=None, user_options={}),
+        namespace=NAMESPACE,
+        k8s_api_host=cluster.url,
+        portal_url=portal,
+        portal_token=settings.HUB_SERVICE_TOKEN,
+        start_timeout=60,
+        events_enabled=False,
+    )
+
+
+async def in_thread(work: Callable[..., Any], *args: Any) -> Any:
+    """Database work off the event loop, its thread's connection closed after (none left to the teardown)."""
+
+    def run() -> Any:
+        try:
+            return work(*args)
+        finally:
+            connection.close()
+
+    return await asyncio.to_thread(run)
+
+
+async def until(check: Callable[[], Any], what: str, timeout: float = 30) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = await in_thread(check)
+        if found:
+            return found
+        await asyncio.sleep(0.2)
+    raise AssertionError(f"{what} within {timeout:.0f} s")
+
+
+def state_of(session: NotebookSession) -> NotebookSession:
+    return NotebookSession.objects.select_related("slice").get(pk=session.pk)
+
+
+async def test_a_session_is_spawned_polled_and_stopped_through_the_api_server(
+    cluster: Cluster,
+    portal_server: str,
+    alice: User,
+    settings,  # type: ignore[no-untyped-def]
+) -> None:
+    await in_thread(use_fleet, settings, FLEET)
+    session = await in_thread(starting_session, alice, SliceRequest("mig", "1g.10gb"), "kube-one")
+    made = spawner(cluster, portal_server, alice, "kube-one")
+    url = await made.start()
+    assert url.startswith("http://127.0.0.1:8888")
+    async with ApiClient(Configuration(host=cluster.url)) as client:
+        (pod,) = [
+            client.sanitize_for_serialization(p) for p in (await CoreV1Api(client).list_namespaced_pod(NAMESPACE)).items
+        ]
+        claims = (await CoreV1Api(client).list_namespaced_persistent_volume_claim(NAMESPACE)).items
+    (container,) = pod["spec"]["containers"]
+    assert container["resources"]["limits"]["nvidia.com/mig-1g.10gb"] == "1" and node_of(pod) == "gpu-node-2"
+    assert pod["metadata"]["labels"]["gpu-portal.session"] == str(session.pk)
+    (work,) = [volume for volume in pod["spec"]["volumes"] if volume["name"] == "work"]
+    assert [claim.metadata.name for claim in claims] == [work["persistentVolumeClaim"]["claimName"]]
+    running = await until(lambda: state_of(session).state == NotebookSession.State.RUNNING, "the portal saw it running")
+    assert running
+    assert await made.poll() is None  # running, as KubeSpawner reads the pod
+    await in_thread(stop_session, session.pk, alice)  # the owner stops it; the portal asks the hub
+    await made.stop()  # what the hub then does
+    async with ApiClient(Configuration(host=cluster.url)) as client:
+        assert (await CoreV1Api(client).list_namespaced_pod(NAMESPACE)).items == []
+    stopped = await until(
+        lambda: state_of(session).state == NotebookSession.State.STOPPED and state_of(session), "stopped"
+    )
+    assert stopped.slice is not None and stopped.slice.released_at is not None
+
+
+async def test_an_unschedulable_pod_fails_at_once_with_the_schedulers_reason_and_frees_the_slice(
+    cluster: Cluster,
+    portal_server: str,
+    alice: User,
+    settings,  # type: ignore[no-untyped-def]
+) -> None:
+    await in_thread(use_fleet, settings, FLEET)
+    session = await in_thread(starting_session, alice, SliceRequest("whole", model="L4-24GB"), "kube-two")
+    made = spawner(cluster, portal_server, alice, "kube-two")
+    started = time.monotonic()
+    with pytest.raises(Unschedulable, match="Insufficient nvidia.com/gpu"):
+        await made.start()
+    assert time.monotonic() - started < 15, "failed at once, not after the start timeout"
+    async with ApiClient(Configuration(host=cluster.url)) as client:
+        assert (await CoreV1Api(client).list_namespaced_pod(NAMESPACE)).items == []  # the refused pod deleted
+    failed = await until(
+        lambda: state_of(session).state == NotebookSession.State.FAILED and state_of(session), "failed"
+    )
+    assert failed.failure_message.startswith("The cluster cannot place this session on its GPU host now")
+    assert REFUSAL in failed.failure_message
+    assert failed.slice is not None and failed.slice.released_at is not None
+    page = await in_thread(card_text, alice)
+    assert "The cluster cannot place this session on its GPU host now" in page
+
+
+def card_text(owner: User) -> str:
+    from django.test import Client
+
+    browser = Client()
+    browser.force_login(owner)
+    return browser.get("/sessions/").content.decode()
