@@ -145,6 +145,11 @@ async def cluster() -> AsyncIterator[Cluster]:
         KubeSpawner.reflectors.clear()
 
 
+@pytest.fixture
+def fleet(transactional_db: None, settings) -> None:  # type: ignore[no-untyped-def]
+    use_fleet(settings, FLEET)
+
+
 def starting_session(owner: User, request: SliceRequest, name: str) -> NotebookSession:
     """A session the portal has given a slice and is starting: what the hub's start call finds."""
     image, _ = NotebookImage.objects.get_or_create(name="JupyterLab", defaults={"image": "gpu-portal/notebook:latest"})
@@ -197,12 +202,8 @@ def state_of(session: NotebookSession) -> NotebookSession:
 
 
 async def test_a_session_is_spawned_polled_and_stopped_through_the_api_server(
-    cluster: Cluster,
-    portal_server: str,
-    alice: User,
-    settings,  # type: ignore[no-untyped-def]
+    cluster: Cluster, portal_server: str, fleet: None, alice: User
 ) -> None:
-    await in_thread(use_fleet, settings, FLEET)
     session = await in_thread(starting_session, alice, SliceRequest("mig", "1g.10gb"), "kube-one")
     made = spawner(cluster, portal_server, alice, "kube-one")
     url = await made.start()
@@ -231,12 +232,8 @@ async def test_a_session_is_spawned_polled_and_stopped_through_the_api_server(
 
 
 async def test_an_unschedulable_pod_fails_at_once_with_the_schedulers_reason_and_frees_the_slice(
-    cluster: Cluster,
-    portal_server: str,
-    alice: User,
-    settings,  # type: ignore[no-untyped-def]
+    cluster: Cluster, portal_server: str, fleet: None, alice: User
 ) -> None:
-    await in_thread(use_fleet, settings, FLEET)
     session = await in_thread(starting_session, alice, SliceRequest("whole", model="L4-24GB"), "kube-two")
     made = spawner(cluster, portal_server, alice, "kube-two")
     started = time.monotonic()

@@ -68,6 +68,15 @@ def plain(model: Any) -> dict[str, Any]:
     return dict(ApiClient().sanitize_for_serialization(model))
 
 
+async def applied(way: str, taken: KubeSlice) -> tuple[PortalKubeSpawner, dict[str, Any], dict[str, Any]]:
+    """Our spawner given the launch spec of ``taken``: itself, its pod (schema-checked) and the pod's container."""
+    made = spawner(way)
+    made._apply(launch_spec(taken))
+    pod = valid(plain(await made.get_pod_manifest()))
+    (container,) = pod["spec"]["containers"]
+    return made, pod, container
+
+
 def valid(manifest: dict[str, Any]) -> dict[str, Any]:
     kubernetes_validate.validate(manifest, KUBERNETES, strict=True)  # raises ValidationError naming the field
     return manifest
@@ -76,10 +85,7 @@ def valid(manifest: dict[str, Any]) -> dict[str, Any]:
 @pytest.mark.parametrize("kind", sorted(SLICES))
 async def test_the_pod_asks_the_device_plugin_for_the_slice_on_the_chosen_node(kind: str) -> None:
     taken = SLICES[kind]
-    made = spawner(DEVICE_PLUGIN)
-    made._apply(launch_spec(taken))
-    pod = valid(plain(await made.get_pod_manifest()))
-    (container,) = pod["spec"]["containers"]
+    _, pod, container = await applied(DEVICE_PLUGIN, taken)
     resource = {"mig": "nvidia.com/mig-1g.18gb", "whole": "nvidia.com/gpu", "shared": "nvidia.com/gpu.shared"}[kind]
     assert container["resources"]["limits"] == {"cpu": 2.0, "memory": 8 * 2**30, resource: "1"}
     assert container["resources"]["requests"][resource] == "1"
@@ -119,10 +125,7 @@ async def test_the_pod_is_hardened_and_mounts_the_persons_work_claim() -> None:
 @pytest.mark.parametrize("kind", sorted(SLICES))
 async def test_with_dra_the_pod_references_a_claim_that_selects_the_chosen_device(kind: str) -> None:
     taken = SLICES[kind]
-    made = spawner(DRA)
-    made._apply(launch_spec(taken))
-    pod = valid(plain(await made.get_pod_manifest()))
-    (container,) = pod["spec"]["containers"]
+    made, pod, container = await applied(DRA, taken)
     assert not {name for name in container["resources"]["limits"] if name.startswith("nvidia.com/")}
     assert container["resources"]["claims"] == [{"name": "gpu"}]
     claim = valid(made.resource_claim())
