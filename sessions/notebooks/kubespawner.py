@@ -161,6 +161,16 @@ class PortalKubeSpawner(PortalHandshake, KubeSpawner):
             await asyncio.wait([started], timeout=self.unschedulable_poll_interval)
         return started.result()
 
+    def _started_at(self) -> str:
+        """When the kubelet started the server's container (what billing charges from), as the pod says;
+        "" where it does not say (the portal then takes the report's arrival)."""
+        pod = self.pod_reflector.pods.get(f"{self.namespace}/{self.pod_name}") if self.pod_reflector else None
+        for status in ((pod or {}).get("status") or {}).get("containerStatuses") or []:
+            running = (status.get("state") or {}).get("running") or {}
+            if status.get("name") == "notebook" and running.get("startedAt"):
+                return str(running["startedAt"])
+        return ""
+
     async def start(self) -> Any:
         self._steps, self._starting = [], True
         try:
@@ -174,8 +184,8 @@ class PortalKubeSpawner(PortalHandshake, KubeSpawner):
                 if self.slice_request == DRA:
                     await self._ensure_claim()
                 url = await self._placed_or_refused()
-                self._report_soon("container_started", container_id=self.pod_name)
-                self._step(90, "JupyterLab answers")
+                self._report_soon("container_started", container_id=self.pod_name, at=self._started_at())
+                self._step(90, "The pod runs; the hub waits for JupyterLab to answer")
             except Unschedulable as refused:
                 reason = f"The cluster cannot place this session on its GPU host now ({refused}). Try again later."
                 self._report_soon("failed", message=f"unschedulable: {refused}", reason=reason)

@@ -16,7 +16,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from types import SimpleNamespace
 from typing import Any
 
@@ -38,6 +38,7 @@ from tests.gpus.conftest import use_fleet
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(180)]
 NAMESPACE = "gpu-portal"
 FLEET = "gpu-node-2: 1xA100-80GB:mig; gpu-node-3: 1xL4:whole"
+STARTED_AGO_S = 20
 REFUSAL = "0/2 nodes are available: 1 Insufficient nvidia.com/gpu, 1 node(s) didn't match Pod's node affinity/selector."
 
 
@@ -102,7 +103,8 @@ async def kubelet(cluster: Cluster, stop: asyncio.Event) -> None:
                 if name in seen:
                     continue
                 seen.add(name)
-                now = datetime.now(UTC).isoformat()
+                # The container started a while before the kubelet says so: the moment billing must take.
+                now = (datetime.now(UTC) - timedelta(seconds=STARTED_AGO_S)).isoformat()
                 if node_of(raw) in cluster.room_on:
                     status = {
                         "phase": "Running",
@@ -218,8 +220,12 @@ async def test_a_session_is_spawned_polled_and_stopped_through_the_api_server(
     assert pod["metadata"]["labels"]["gpu-portal.session"] == str(session.pk)
     (work,) = [volume for volume in pod["spec"]["volumes"] if volume["name"] == "work"]
     assert [claim.metadata.name for claim in claims] == [work["persistentVolumeClaim"]["claimName"]]
-    running = await until(lambda: state_of(session).state == NotebookSession.State.RUNNING, "the portal saw it running")
-    assert running
+    running = await until(
+        lambda: state_of(session).state == NotebookSession.State.RUNNING and state_of(session), "running"
+    )
+    started = running.container_started_at
+    assert started is not None and started == running.slice.held_from  # charged from the container's own start
+    assert STARTED_AGO_S - 1 < (datetime.now(UTC) - started).total_seconds() < STARTED_AGO_S + 20
     assert await made.poll() is None  # running, as KubeSpawner reads the pod
     await in_thread(stop_session, session.pk, alice)  # the owner stops it; the portal asks the hub
     await made.stop()  # what the hub then does
