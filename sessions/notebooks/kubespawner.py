@@ -48,6 +48,7 @@ class PortalKubeSpawner(PortalHandshake, KubeSpawner):
     unschedulable_poll_interval = Float(0.2, help="Seconds between looks at the pod's scheduling.").tag(config=True)
 
     kube_slice: KubeSlice | None = None
+    own_claim = ""  # the DRA claim made for this pod alone, removed with it
     # KubeSpawner's traits, typed for our use of them (annotations only: the traits stay).
     environment: dict[str, Any]
     extra_labels: dict[str, str]
@@ -128,15 +129,42 @@ class PortalKubeSpawner(PortalHandshake, KubeSpawner):
         return self.kube_slice.resource_claim(self.pod_name, self.namespace, labels)
 
     async def _ensure_claim(self) -> None:
-        """Create the slice's claim before its pod; a share's claim (its GPU's, for every tenant) may exist."""
+        """Create the slice's claim before its pod; a share's claim (its GPU's, for every tenant) may exist.
+        The pod's own claim is remembered in the hub's state, so a hub restarted since still removes it."""
+        assert self.kube_slice is not None
+        claim: Any = self.resource_claim()  # the client sends a plain dictionary as it is
         try:
-            claim: Any = self.resource_claim()  # the client sends a plain dictionary as it is
             await ResourceV1Api(self.api.api_client).create_namespaced_resource_claim(
                 self.namespace, claim, _request_timeout=self.k8s_api_request_timeout
             )
         except ApiException as error:
             if error.status != 409:
                 raise
+        if self.kube_slice.kind != "shared":
+            self.own_claim = claim["metadata"]["name"]
+
+    async def _remove_claim(self) -> None:
+        """The pod's own claim, once the pod is gone (a share's stays: other tenants' pods reference it)."""
+        if not self.own_claim:
+            return
+        try:
+            await ResourceV1Api(self.api.api_client).delete_namespaced_resource_claim(
+                self.own_claim, self.namespace, _request_timeout=self.k8s_api_request_timeout
+            )
+        except ApiException as error:
+            if error.status != 404:
+                raise
+        self.own_claim = ""
+
+    def get_state(self) -> dict[str, Any]:
+        state: dict[str, Any] = super().get_state()
+        if self.own_claim:
+            state["own_claim"] = self.own_claim
+        return state
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        super().load_state(state)
+        self.own_claim = str(state.get("own_claim", ""))
 
     def _unschedulable(self) -> str:
         """The scheduler's words when it has said it cannot place our pod (its PodScheduled condition), else
@@ -157,6 +185,7 @@ class PortalKubeSpawner(PortalHandshake, KubeSpawner):
             if refusal:
                 started.cancel()
                 await super().stop(now=True)
+                await self._remove_claim()
                 raise Unschedulable(refusal)
             await asyncio.wait([started], timeout=self.unschedulable_poll_interval)
         return started.result()
@@ -202,6 +231,7 @@ class PortalKubeSpawner(PortalHandshake, KubeSpawner):
         """The pod deleted (KubeSpawner waits until it is gone), then its end reported at that moment."""
         session_id = self.session_id
         await super().stop(now=now)
+        await self._remove_claim()
         if session_id:
             self._report_soon("stopped", at=datetime.now(UTC).isoformat())
 

@@ -25,7 +25,7 @@ from django.conf import settings
 from django.contrib.auth.models import User
 from django.db import connection
 from kmock import KubernetesEmulator, ResourceInfo, Server, action
-from kubernetes_asyncio.client import ApiClient, Configuration, CoreV1Api
+from kubernetes_asyncio.client import ApiClient, Configuration, CoreV1Api, ResourceV1Api
 from kubespawner import KubeSpawner
 
 from sessions.gpus.allocator import SliceRequest, allocate
@@ -33,6 +33,7 @@ from sessions.gpus.holders import Holder
 from sessions.notebooks.kubespawner import PortalKubeSpawner, Unschedulable
 from sessions.notebooks.models import NotebookImage, NotebookSession
 from sessions.notebooks.services import stop_session
+from sessions.runtime.kube.slices import DEVICE_PLUGIN, DRA
 from tests.gpus.conftest import use_fleet
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(180)]
@@ -163,8 +164,9 @@ def starting_session(owner: User, request: SliceRequest, name: str) -> NotebookS
     return session
 
 
-def spawner(cluster: Cluster, portal: str, owner: User, name: str) -> PortalKubeSpawner:
+def spawner(cluster: Cluster, portal: str, owner: User, name: str, way: str = DEVICE_PLUGIN) -> PortalKubeSpawner:
     return PortalKubeSpawner(
+        slice_request=way,
         _mock=True,
         user=HubUser(owner.username),
         orm_spawner=SimpleNamespace(name=name, display_name=name, server=None, user_options={}),
@@ -264,3 +266,22 @@ def card_text(owner: User) -> str:
     browser = Client()
     browser.force_login(owner)
     return browser.get("/sessions/").content.decode()
+
+
+async def test_with_dra_the_pods_claim_is_made_before_it_and_removed_with_it(
+    cluster: Cluster, portal_server: str, fleet: None, alice: User
+) -> None:
+    session = await in_thread(starting_session, alice, SliceRequest("mig", "1g.10gb"), "kube-three")
+    made = spawner(cluster, portal_server, alice, "kube-three", DRA)
+    await made.start()
+    async with ApiClient(Configuration(host=cluster.url)) as client:
+        (claim,) = (await ResourceV1Api(client).list_namespaced_resource_claim(NAMESPACE)).items
+        (pod,) = (await CoreV1Api(client).list_namespaced_pod(NAMESPACE)).items
+    assert pod.spec.resource_claims[0].resource_claim_name == claim.metadata.name == made.get_state()["own_claim"]
+    device = (await in_thread(state_of, session)).slice.device_uuid
+    assert claim.spec.devices.requests[0].exactly.selectors[0].cel.expression.endswith(f"== '{device}'")
+    await in_thread(stop_session, session.pk, alice)
+    await made.stop()
+    async with ApiClient(Configuration(host=cluster.url)) as client:
+        assert (await ResourceV1Api(client).list_namespaced_resource_claim(NAMESPACE)).items == []
+    assert "own_claim" not in made.get_state()
