@@ -49,6 +49,9 @@ INSTANCE_ID = env.text("PORTAL_INSTANCE_ID", "") or secret_file(
 # A tcp:// engine is reached with TLS both ways: the folder of the CA, the portal's certificate and its key.
 DOCKER_TLS_DIR = env.text("PORTAL_DOCKER_TLS_DIR", "")
 DOCKER_ENGINES = engine_config.parse(env.text("PORTAL_DOCKER_ENGINES", ""), DOCKER_TLS_DIR)
+# A kube:// host's cluster API (sessions/runtime/kube/pods.py): empty, the cluster the portal runs in (its
+# service account); else an address such as a kubectl proxy's.
+KUBERNETES_API = env.text("PORTAL_KUBERNETES_API", "")
 # Where a slice goes when GPUs of several hosts would serve it (sessions/gpus/packing.py): "pack" fills the
 # busiest host first, keeping whole hosts free; "spread" the least busy.
 PLACEMENT = env.choice("PORTAL_PLACEMENT", "pack", {"pack": "pack", "spread": "spread"})

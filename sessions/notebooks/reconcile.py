@@ -41,6 +41,8 @@ from sessions.notebooks.services import (
 from sessions.runtime import engines
 from sessions.runtime.docker import ContainerState, DockerRuntime, RuntimeError_
 from sessions.runtime.isolation import repair
+from sessions.runtime.kube.pods import SCHEME as KUBE
+from sessions.runtime.kube.pods import PodRuntime
 
 log = logging.getLogger(__name__)
 # A start may wait this long for the hub (PORTAL_HUB_START_PATIENCE_SECONDS); past it plus a margin, it never will.
@@ -70,7 +72,7 @@ def reconcile(runtime: DockerRuntime | None = None) -> dict[str, int]:
     names = GpuHost.objects.values_list("name", flat=True)
     for endpoint, hosts in engines.by_engine(names).items():
         try:
-            here = runtime or engines.at(endpoint)
+            here = runtime or (PodRuntime(endpoint) if endpoint.startswith(KUBE) else engines.at(endpoint))
             counts["confirmed"] += _follow(here, proof, counts, hosts, local=endpoint == engines.LOCAL)
         except (RuntimeError_, OSError) as error:  # the engine does not answer: nothing there is confirmed
             log.error(
@@ -86,13 +88,13 @@ def reconcile(runtime: DockerRuntime | None = None) -> dict[str, int]:
 
 
 def _follow(
-    runtime: DockerRuntime, proof: datetime, counts: dict[str, int], hosts: list[str], local: bool = True
+    runtime: DockerRuntime | PodRuntime, proof: datetime, counts: dict[str, int], hosts: list[str], local: bool = True
 ) -> int:
     """Check every active session on ``hosts`` (``local``: and those with no slice) against its container, and
     every container of this engine against its session; returns how many holdings were confirmed running (their
     proof of life moved to ``proof``)."""
     # First, since a container must never run unfenced: a Docker restart or an operator may flush rules.
-    if local:
+    if local and isinstance(runtime, DockerRuntime):
         counts["firewall_repaired"] = int(repair(runtime=runtime))
     on_hosts = Q(slice__gpu__host__name__in=hosts) | (Q(slice__isnull=True) if local else Q(pk__in=[]))
     active = NotebookSession.objects.filter(on_hosts, state__in=[State.STARTING, State.RUNNING, State.STOPPING])
@@ -109,7 +111,7 @@ def _follow(
     return holdings.seen(running, at=proof)
 
 
-def _check(session: NotebookSession, runtime: DockerRuntime, running: list[int] | None = None) -> str:
+def _check(session: NotebookSession, runtime: DockerRuntime | PodRuntime, running: list[int] | None = None) -> str:
     """Compare one session with its container; ``running`` gathers the slices of those seen running."""
     found = runtime.container_state(session.pk)
     if found is not None and session.container_started_at is None and found.started_at is not None:

@@ -4,14 +4,17 @@ not this machine's (``sessions.runtime.engines`` uses it), and ``PORTAL_DOCKER_T
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from django.core.exceptions import ImproperlyConfigured
 
-SCHEMES = ("unix://", "tcp://", "ssh://")
+SCHEMES = ("unix://", "tcp://", "ssh://", "kube://")
 # Docker's names for them (its "protect the daemon socket" set-up): the CA that signed the engines' and the
 # portal's certificates, and the portal's client certificate and key.
 TLS_FILES = ("ca.pem", "cert.pem", "key.pem")
+# kube://NAMESPACE: the host's notebook servers are pods of the cluster the portal runs in (issue 34).
+NAMESPACE = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 
 
 def parse(text: str, tls_dir: str = "") -> dict[str, str]:
@@ -25,10 +28,14 @@ def parse(text: str, tls_dir: str = "") -> dict[str, str]:
             raise ImproperlyConfigured(f"PORTAL_DOCKER_ENGINES: {part!r} is not host=endpoint")
         if not endpoint.startswith(SCHEMES):
             raise ImproperlyConfigured(
-                f"PORTAL_DOCKER_ENGINES: {host}'s endpoint {endpoint!r} is not unix://, tcp:// or ssh://"
+                f"PORTAL_DOCKER_ENGINES: {host}'s endpoint {endpoint!r} is not unix://, tcp://, ssh:// or kube://"
             )
         if host in engines:
             raise ImproperlyConfigured(f"PORTAL_DOCKER_ENGINES names {host} twice")
+        if endpoint.startswith("kube://") and not NAMESPACE.match(endpoint.removeprefix("kube://")):
+            raise ImproperlyConfigured(
+                f"PORTAL_DOCKER_ENGINES: {host}'s endpoint {endpoint} must name a Kubernetes namespace (kube://NAME)"
+            )
         if endpoint.startswith("tcp://") and not tls_dir:
             raise ImproperlyConfigured(
                 f"PORTAL_DOCKER_ENGINES: {host}'s endpoint {endpoint} is TCP, which needs PORTAL_DOCKER_TLS_DIR "

@@ -1,8 +1,8 @@
 """The Kubernetes spawner's lifecycle (issue 34) through the real KubeSpawner code, talking HTTP to an in-memory
 Kubernetes API server (kmock's emulator), with the portal (daphne on the test database) on the other side of
-the handshake. A stand-in for the scheduler and kubelet plays the cluster's part: a pod pinned to a node that
-has room runs (Running, ready, an address); one pinned to a node without room is refused the way the
-scheduler refuses it (PodScheduled false, Unschedulable, its words).
+the handshake. The cluster (the API server and a stand-in for the scheduler and kubelet) is
+tests/kube/cluster.py's: a pod pinned to a node that has room runs; one pinned to a node without room is
+refused the way the scheduler refuses it.
 
 What this proves: our spawner's requests are ones an API server takes, it follows the pod through KubeSpawner's
 own watch, reports each moment to the portal, and fails an unschedulable pod at once with the scheduler's
@@ -11,12 +11,10 @@ reason on the session card, its slice released. What it does not: that a real sc
 from __future__ import annotations
 
 import asyncio
-import itertools
 import time
-import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from types import SimpleNamespace
 from typing import Any
 
@@ -24,9 +22,7 @@ import pytest
 from django.conf import settings
 from django.contrib.auth.models import User
 from django.db import connection
-from kmock import KubernetesEmulator, ResourceInfo, Server, action
 from kubernetes_asyncio.client import ApiClient, Configuration, CoreV1Api, ResourceV1Api
-from kubespawner import KubeSpawner
 
 from sessions.gpus.allocator import SliceRequest, allocate
 from sessions.gpus.holders import Holder
@@ -34,13 +30,9 @@ from sessions.notebooks.kubespawner import PortalKubeSpawner, Unschedulable
 from sessions.notebooks.models import NotebookImage, NotebookSession
 from sessions.notebooks.services import stop_session
 from sessions.runtime.kube.slices import DEVICE_PLUGIN, DRA
-from tests.gpus.conftest import use_fleet
+from tests.kube.cluster import NAMESPACE, REFUSAL, STARTED_AGO_S, Cluster, node_of
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(180)]
-NAMESPACE = "gpu-portal"
-FLEET = "gpu-node-2: 1xA100-80GB:mig; gpu-node-3: 1xL4:whole"
-STARTED_AGO_S = 20
-REFUSAL = "0/2 nodes are available: 1 Insufficient nvidia.com/gpu, 1 node(s) didn't match Pod's node affinity/selector."
 
 
 @dataclass
@@ -54,103 +46,6 @@ class HubUser:
     def __post_init__(self) -> None:
         self.url = self.url or f"/jupyter/user/{self.name}/"
         self.escaped_name = self.escaped_name or self.name
-
-
-class ApiServer(KubernetesEmulator):
-    """kmock's emulator, filling in what a real API server gives every object it creates: its namespace (from
-    the request's path), a uid and a creation time; and taking ``watch=True`` (what the Python client sends)
-    for a watch, as the API server's boolean parsing does (kmock knows ``watch=true`` alone); and a new
-    resourceVersion with every change, which watchers resume from."""
-
-    versions = itertools.count(1)
-
-    async def _handle(self, request: Any) -> Any:
-        if request.action == action.LIST and request.params.get("watch", "").lower() in ("true", "1"):
-            object.__setattr__(request, "action", action.WATCH)  # the same request: kmock matches by identity
-        if request.action in (action.CREATE, action.UPDATE) and isinstance(request.data, dict):
-            metadata = request.data.setdefault("metadata", {})
-            metadata["resourceVersion"] = str(next(self.versions))
-            if request.action == action.CREATE:
-                if request.namespace:
-                    metadata.setdefault("namespace", request.namespace)
-                metadata.setdefault("uid", str(uuid.uuid4()))
-                metadata.setdefault("creationTimestamp", datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"))
-                request.data.setdefault("status", {"phase": "Pending"} if request.resource.plural == "pods" else {})
-        return await super()._handle(request)
-
-
-@dataclass
-class Cluster:
-    """The in-memory API server, and the nodes the stand-in scheduler finds room on."""
-
-    url: str
-    room_on: set[str]
-
-
-def node_of(pod: dict[str, Any]) -> str:
-    terms = pod["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
-    return str(terms["nodeSelectorTerms"][0]["matchExpressions"][0]["values"][0])
-
-
-async def kubelet(cluster: Cluster, stop: asyncio.Event) -> None:
-    """Every new pod: running on a node with room (an address, its container ready, a uid), or refused by
-    the scheduler as Kubernetes refuses it."""
-    async with ApiClient(Configuration(host=cluster.url)) as client:
-        core, seen = CoreV1Api(client), set()
-        while not stop.is_set():
-            for pod in (await core.list_namespaced_pod(NAMESPACE)).items:
-                raw = client.sanitize_for_serialization(pod)
-                name = raw["metadata"]["name"]
-                if name in seen:
-                    continue
-                seen.add(name)
-                # The container started a while before the kubelet says so: the moment billing must take.
-                now = (datetime.now(UTC) - timedelta(seconds=STARTED_AGO_S)).isoformat()
-                if node_of(raw) in cluster.room_on:
-                    status = {
-                        "phase": "Running",
-                        "podIP": "127.0.0.1",
-                        "conditions": [{"type": "PodScheduled", "status": "True"}, {"type": "Ready", "status": "True"}],
-                        "containerStatuses": [
-                            {"name": "notebook", "ready": True, "restartCount": 0, "image": "gpu-portal/notebook",
-                             "imageID": "", "state": {"running": {"startedAt": now}}}
-                        ],
-                    }  # fmt: skip
-                    patch = {"spec": {"nodeName": node_of(raw)}, "status": status}
-                else:
-                    condition = {
-                        "type": "PodScheduled",
-                        "status": "False",
-                        "reason": "Unschedulable",
-                        "message": REFUSAL,
-                    }
-                    patch = {
-                        "metadata": {"uid": f"uid-{name}"},
-                        "status": {"phase": "Pending", "conditions": [condition]},
-                    }
-                await core.patch_namespaced_pod(name, NAMESPACE, patch)
-            await asyncio.sleep(0.1)
-
-
-@pytest.fixture
-async def cluster() -> AsyncIterator[Cluster]:
-    async with ApiServer() as emulator, Server(emulator) as server:
-        for kind in ("v1/pods", "v1/persistentvolumeclaims", "v1/events", "resource.k8s.io/v1/resourceclaims"):
-            emulator.resources[kind] = ResourceInfo()  # served (empty) before the first object of the kind exists
-        found = Cluster(str(server.url).rstrip("/"), room_on={"gpu-node-2"})
-        stop = asyncio.Event()
-        running = asyncio.ensure_future(kubelet(found, stop))
-        yield found
-        stop.set()
-        await running
-        for reflector in list(KubeSpawner.reflectors.values()):  # watching this server: gone with it
-            await reflector.stop()
-        KubeSpawner.reflectors.clear()
-
-
-@pytest.fixture
-def fleet(transactional_db: None, settings) -> None:  # type: ignore[no-untyped-def]
-    use_fleet(settings, FLEET)
 
 
 def starting_session(owner: User, request: SliceRequest, name: str) -> NotebookSession:

@@ -41,6 +41,7 @@ def run_check(tmp_path: Path, **env: str) -> subprocess.CompletedProcess[str]:
         ("PORTAL_BILLING_GRACE_MINUTES", "-1"),
         ("PORTAL_DOCKER_ENGINES", "gpu-2=tcp://127.0.0.1:2376"),  # TCP without TLS: root on the host for anyone
         ("PORTAL_DOCKER_TLS_DIR", "/nonexistent"),
+        ("PORTAL_DOCKER_ENGINES", "gpu-2=kube://Not_A_Namespace"),
     ],
 )
 def test_a_bad_value_stops_start_up_with_the_variables_name(tmp_path: Path, name: str, value: str) -> None:
