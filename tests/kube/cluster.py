@@ -8,10 +8,12 @@ from __future__ import annotations
 import asyncio
 import itertools
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from django.db import connection
 from kmock import KubernetesEmulator, action
 from kubernetes_asyncio.client import ApiClient, Configuration, CoreV1Api
 
@@ -96,3 +98,16 @@ async def kubelet(cluster: Cluster, stop: asyncio.Event) -> None:
                     }
                 await core.patch_namespaced_pod(name, NAMESPACE, patch)
             await asyncio.sleep(0.1)
+
+
+async def in_thread(work: Callable[..., Any], *args: Any) -> Any:
+    """Database work off the event loop (the tests' API server runs on it), its thread's connection closed after:
+    none is left to the test database's teardown."""
+
+    def run() -> Any:
+        try:
+            return work(*args)
+        finally:
+            connection.close()
+
+    return await asyncio.to_thread(run)

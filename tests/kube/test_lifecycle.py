@@ -21,7 +21,6 @@ from typing import Any
 import pytest
 from django.conf import settings
 from django.contrib.auth.models import User
-from django.db import connection
 from kubernetes_asyncio.client import ApiClient, Configuration, CoreV1Api, ResourceV1Api
 
 from sessions.gpus.allocator import SliceRequest, allocate
@@ -30,7 +29,7 @@ from sessions.notebooks.kubespawner import PortalKubeSpawner, Unschedulable
 from sessions.notebooks.models import NotebookImage, NotebookSession
 from sessions.notebooks.services import stop_session
 from sessions.runtime.kube.slices import DEVICE_PLUGIN, DRA
-from tests.kube.cluster import NAMESPACE, REFUSAL, STARTED_AGO_S, Cluster, node_of
+from tests.kube.cluster import NAMESPACE, REFUSAL, STARTED_AGO_S, Cluster, in_thread, node_of
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(180)]
 
@@ -72,18 +71,6 @@ def spawner(cluster: Cluster, portal: str, owner: User, name: str, way: str = DE
         start_timeout=60,
         events_enabled=False,
     )
-
-
-async def in_thread(work: Callable[..., Any], *args: Any) -> Any:
-    """Database work off the event loop, its thread's connection closed after (none left to the teardown)."""
-
-    def run() -> Any:
-        try:
-            return work(*args)
-        finally:
-            connection.close()
-
-    return await asyncio.to_thread(run)
 
 
 async def until(check: Callable[[], Any], what: str, timeout: float = 30) -> Any:

@@ -6,14 +6,12 @@ portal's pod is never touched; an API that does not answer confirms nothing and 
 
 from __future__ import annotations
 
-import asyncio
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
 from django.conf import settings as django_settings
 from django.contrib.auth.models import User
-from django.db import connection
 from kubernetes_asyncio.client import ApiClient, Configuration, CoreV1Api
 
 from sessions.gpus import holdings
@@ -22,7 +20,7 @@ from sessions.gpus.models import Slice
 from sessions.notebooks.models import NotebookImage, NotebookSession
 from sessions.notebooks.reconcile import reconcile
 from tests.factories import running_session
-from tests.kube.cluster import NAMESPACE, Cluster
+from tests.kube.cluster import NAMESPACE, Cluster, in_thread
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(120)]
 
@@ -54,16 +52,6 @@ async def create(cluster: Cluster, *manifests: dict[str, Any]) -> None:
     async with ApiClient(Configuration(host=cluster.url)) as client:
         for manifest in manifests:
             await CoreV1Api(client).create_namespaced_pod(NAMESPACE, manifest)  # type: ignore[arg-type]  # sent as is
-
-
-async def in_thread(work: Any, *args: Any) -> Any:
-    def run() -> Any:
-        try:
-            return work(*args)
-        finally:
-            connection.close()
-
-    return await asyncio.to_thread(run)
 
 
 def sessions(owner: User) -> tuple[NotebookSession, NotebookSession, NotebookSession]:
