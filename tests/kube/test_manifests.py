@@ -30,6 +30,16 @@ def pod_specs(document: dict[str, Any]) -> list[dict[str, Any]]:
     return [document["spec"]["template"]["spec"]] if document["kind"] in ("Deployment", "DaemonSet") else []
 
 
+def check_containers(spec: dict[str, Any], roles: str) -> None:
+    """Each container: an image we build, a program the entrypoint runs, no escalation, no capabilities."""
+    for container in spec["containers"]:
+        name = container["image"].split("/", 1)[1].split(":", 1)[0]
+        assert (ROOT / f"compose/images/{name}/Dockerfile").exists(), container["image"]
+        assert f"\n    {container['args'][0]})" in roles, container["args"]
+        assert container["securityContext"]["allowPrivilegeEscalation"] is False
+        assert container["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+
+
 @pytest.mark.parametrize("path", MANIFESTS, ids=lambda path: path.name)
 def test_every_object_passes_the_apis_schema(path: Path) -> None:
     found = documents(path)
@@ -43,14 +53,13 @@ def test_the_programs_images_and_secrets_are_ours() -> None:
     kinds = {document["kind"] for document in objects}
     assert {"Deployment", "DaemonSet", "Service", "Ingress", "Secret", "ConfigMap"} <= kinds
     roles = ENTRYPOINT.read_text().split('case "$role" in', 1)[1]
-    for spec in (spec for document in objects for spec in pod_specs(document)):
-        assert spec["automountServiceAccountToken"] is False
-        for container in spec["containers"]:
-            name = container["image"].split("/", 1)[1].split(":", 1)[0]
-            assert (ROOT / f"compose/images/{name}/Dockerfile").exists(), container["image"]
-            assert f"\n    {container['args'][0]})" in roles, container["args"]
-            assert container["securityContext"]["allowPrivilegeEscalation"] is False
-            assert container["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    for document in objects:
+        for spec in pod_specs(document):
+            # Only the worker holds the service account's token: its reconciliation lists and deletes pods.
+            assert spec["automountServiceAccountToken"] is (document["metadata"]["name"] == "gpu-portal-worker")
+            check_containers(spec, roles)
+    (role,) = [document for document in objects if document["kind"] == "Role"]
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "delete"]}]
     (secret,) = [document for document in objects if document["kind"] == "Secret"]
     assert set(secret["stringData"].values()) == {"change-me"}  # refused by every program until replaced
     agent = next(document for document in objects if document["kind"] == "DaemonSet")
