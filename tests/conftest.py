@@ -173,7 +173,13 @@ class _SuiteAgent(orders.Executor):
             connections["default"].ensure_connection()
             super()._drain(heard)
         except RuntimeError:  # pytest-django's guard: this test may not use the database (also once a test that
-            return  # could ends mid-drain, when the executor's clean-up meets the guard: the thread must live on)
+            # could ends mid-drain, when the executor's clean-up meets the guard: the thread must live on). A drain
+            # cut off inside a transaction cannot roll its savepoint back through the guard either, and its
+            # connection would stay idle in that transaction, blocking every later test's flush (a fresh-clone run
+            # hung on it): closing the connection ends the transaction on the server's side.
+            with contextlib.suppress(Exception):
+                connections["default"].close()
+            return
 
 
 @pytest.fixture(scope="session", autouse=True)
