@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+from typing import Any
+
 from channels.db import database_sync_to_async
 from channels.testing import WebsocketCommunicator
 from django.conf import settings
@@ -18,12 +21,17 @@ def session_cookie(user: User) -> str:
 
 
 async def open_socket(
-    path: str, user: User | None = None, origin: str = "http://127.0.0.1:8000"
+    path: str,
+    user: User | None = None,
+    origin: str = "http://127.0.0.1:8000",
+    early: list[dict[str, Any]] | None = None,
 ) -> tuple[WebsocketCommunicator, bool, int | None]:
     """Connect through the whole ASGI stack (origin check, session auth, routing).
 
     Returns the communicator, whether it stayed open, and the close code if not
-    (a consumer may accept and close at once to send its own close code).
+    (a consumer may accept and close at once to send its own close code). A caller
+    that follows live pushes passes `early`: what the consumer sends while the
+    socket settles (a push that was already on its way) lands there, in order.
     """
     headers = [(b"host", b"127.0.0.1:8000"), (b"origin", origin.encode())]
     if user is not None:
@@ -33,9 +41,11 @@ async def open_socket(
     accepted, code = await communicator.connect(timeout=5)
     if not accepted:
         return communicator, False, code
-    if await communicator.receive_nothing(timeout=0.2):
-        return communicator, True, None
-    first = await communicator.receive_output()
-    if first["type"] == "websocket.close":
-        return communicator, False, first.get("code")
-    raise AssertionError(f"unexpected first message from the consumer: {first}")
+    while not await communicator.receive_nothing(timeout=0.2):
+        first = await communicator.receive_output()
+        if first["type"] == "websocket.close":
+            return communicator, False, first.get("code")
+        if early is None or first["type"] != "websocket.send":
+            raise AssertionError(f"unexpected first message from the consumer: {first}")
+        early.append(json.loads(first["text"]))
+    return communicator, True, None

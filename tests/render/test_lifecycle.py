@@ -45,10 +45,10 @@ State = RenderJob.State
 
 async def follow_until_done(job: RenderJob, user: User, timeout: float = 240) -> list[dict[str, Any]]:
     """Confirm the job with the job's socket open, and collect what the socket says until it is done."""
-    socket, opened, code = await open_socket(f"/ws/render/{job.pk}/", user)
+    events: list[dict[str, Any]] = []  # a push of the estimate's end may still be on its way
+    socket, opened, code = await open_socket(f"/ws/render/{job.pk}/", user, early=events)
     assert opened, f"the job's socket closed with {code}"
     await database_sync_to_async(services.confirm)(job.pk, user)
-    events: list[dict[str, Any]] = []
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
     while loop.time() < deadline:
