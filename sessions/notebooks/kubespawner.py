@@ -13,7 +13,6 @@ imports nothing of Django.
 from __future__ import annotations
 
 import asyncio
-import re
 from datetime import UTC, datetime
 from typing import Any
 
@@ -23,19 +22,12 @@ from kubespawner import KubeSpawner
 from traitlets import Float, Unicode, default, validate
 
 from sessions.notebooks.spawner import HOME, PortalHandshake
-from sessions.runtime.kube.manifests import CONTAINER_SECURITY, POD_SECURITY
+from sessions.runtime.kube.manifests import CONTAINER_SECURITY, POD_SECURITY, label_value
 from sessions.runtime.kube.slices import DEVICE_PLUGIN, DRA, WAYS, KubeSlice
 from sessions.runtime.spec import ContainerSpec
 
 NOTEBOOK_USER = 1000  # jovyan, the notebook image's user (compose/images/notebook/Dockerfile)
 JOVYAN_HOME = "/home/jovyan"
-LABEL_VALUE = re.compile(r"[^A-Za-z0-9._-]")
-
-
-def label_value(value: str) -> str:
-    """A Kubernetes label value: at most 63 of letters, digits, '-', '_' and '.', starting and ending with one
-    of the first two (our holder "notebook:12" becomes "notebook-12")."""
-    return LABEL_VALUE.sub("-", value)[:63].strip("-_.")
 
 
 class PortalKubeSpawner(PortalHandshake, KubeSpawner):

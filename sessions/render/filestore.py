@@ -29,9 +29,9 @@ from typing import BinaryIO
 
 from sessions.render import storage
 from sessions.render.models import RenderJob
+from sessions.render.protocol import BLOCK, checksum_line
 from sessions.runtime.render import Scene
 
-BLOCK = 1 << 20
 FRAMES = "frames"  # the folder of a job's runs' output, in its own folder
 THUMBNAILS = "thumbnails"  # the frames' small pictures, in the job's folder
 ESTIMATE_FILE = "estimate.json"  # the probe's findings, in the job's folder (``sessions.render.services``)
@@ -89,7 +89,7 @@ def scene_checksum(folder: Path, told: Callable[[int], None] | None = None) -> t
                 done += len(block)
                 if told is not None:
                     told(done)
-        total.update(f"{relative}\0{status.st_size}\0{content.hexdigest()}\n".encode())
+        total.update(checksum_line(relative, status.st_size, content.hexdigest()))
     return total.hexdigest(), _signature(found)
 
 

@@ -26,7 +26,8 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 
 from sessions.render import files, filestore, storage
 from sessions.render.models import RenderJob
-from sessions.render.portalstore import OUTPUT_PATH, scene_relative, signed_host
+from sessions.render.portalstore import signed_host
+from sessions.render.protocol import OUTPUT_PATH, scene_relative
 
 log = logging.getLogger(__name__)
 View = Callable[..., HttpResponseBase]

@@ -8,7 +8,9 @@ folder is read or written on the GPU host, and nothing of the host's scratch out
 
 Every call carries a token the worker signs with PORTAL_FILE_STORE_KEY (a secret the portal and its GPU hosts
 share, never a notebook's or a scene's): it names one job and the host, and lasts a few minutes. A leaked token
-reaches only its job's files, and only for those minutes.
+reaches only its job's files, and only for those minutes. A Kubernetes render Job has no key: the portal signs its
+run a token that lasts until the Job's deadline (``sign_for_run``), which only its file-store containers mount
+(``sessions.render.podfiles``).
 
 The protocol, both sides' one definition:
 
@@ -27,11 +29,11 @@ import contextlib
 import json
 import logging
 import os
-import re
 import secrets
 import shutil
 import threading
-from pathlib import Path, PurePosixPath
+import time
+from pathlib import Path
 from typing import Any, BinaryIO
 from urllib.parse import quote
 
@@ -41,22 +43,21 @@ from django.core import signing
 
 from sessions.render import files
 from sessions.render.filestore import (
-    BLOCK,
     ESTIMATE_FILE,
     LocalStore,
     SceneChanged,
     StoreUnreachable,
 )
 from sessions.render.models import RenderJob
+from sessions.render.protocol import BLOCK, OUTPUT_PATH, PREFIX, scene_relative
+from sessions.runtime.kube.jobs import STAGING_S
 from sessions.runtime.render import Scene
 
 log = logging.getLogger(__name__)
 SALT = "gpu-portal.render-file-store"
 TOKEN_AGE_S = 600
+RUN_SALT = "gpu-portal.render-file-store.run"
 TIMEOUT_S = (5, 60)  # to connect, and between two reads
-# What a worker may give back, in the job's folder: a run's frame, or a thumbnail. One plain name each.
-NAME = r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,199}"
-OUTPUT_PATH = re.compile(rf"(frames/{NAME}|thumbnails)/{NAME}")
 
 
 def sign(job_id: int, host: str) -> str:
@@ -64,25 +65,34 @@ def sign(job_id: int, host: str) -> str:
     return signing.dumps({"job": job_id, "host": host}, key=settings.FILE_STORE_KEY, salt=SALT)
 
 
+def sign_for_run(job_id: int, run: str, lasts_s: int) -> str:
+    """The token a Kubernetes render Job's own file-store containers carry (``sessions.runtime.kube.jobs``): it
+    names the job and the run and lasts until the Job's deadline, at most the chunks' wall time and
+    STAGING_S. Nothing of the portal's key goes into the cluster, and Blender's container never mounts it."""
+    lasts_s = min(lasts_s, settings.RENDER_CHUNK_WALL_SECONDS + STAGING_S)
+    payload = {"job": job_id, "host": f"run:{run}", "until": int(time.time()) + lasts_s}
+    return signing.dumps(payload, key=settings.FILE_STORE_KEY, salt=RUN_SALT)
+
+
 def signed_host(token: str, job_id: int) -> str | None:
-    """The host a token was signed for, if it is good (the key, not older than TOKEN_AGE_S) and names this
-    job; None otherwise."""
-    try:
-        found = signing.loads(token, key=settings.FILE_STORE_KEY, salt=SALT, max_age=TOKEN_AGE_S)
-    except signing.BadSignature:  # SignatureExpired among them
-        return None
-    if not isinstance(found, dict) or found.get("job") != job_id or not isinstance(found.get("host"), str):
+    """Who a token was signed for, if it is good and names this job; None otherwise. Good: the key, and not
+    older than TOKEN_AGE_S (a host's worker), or than its own ``until`` (a Job's run)."""
+    found = _loaded(token, SALT, TOKEN_AGE_S)
+    if found is None:
+        found = _loaded(token, RUN_SALT, settings.RENDER_CHUNK_WALL_SECONDS + STAGING_S)
+        if found is None or not isinstance(found.get("until"), int) or found["until"] < time.time():
+            return None
+    if found.get("job") != job_id or not isinstance(found.get("host"), str):
         return None
     return str(found["host"])
 
 
-def scene_relative(path: str) -> PurePosixPath:
-    """A path the portal named in a scene's list, as a path below the scene's folder; ValueError for one that
-    is absolute, climbs out or is empty."""
-    relative = PurePosixPath(path)
-    if not path or relative.is_absolute() or any(part in ("", ".", "..") for part in path.split("/")):
-        raise ValueError(f"the portal named a scene file {path[:200]!r}, which is no path inside a scene")
-    return relative
+def _loaded(token: str, salt: str, max_age: int) -> dict[str, Any] | None:
+    try:
+        found = signing.loads(token, key=settings.FILE_STORE_KEY, salt=salt, max_age=max_age)
+    except signing.BadSignature:  # SignatureExpired among them
+        return None
+    return found if isinstance(found, dict) else None
 
 
 class PortalStore(LocalStore):
@@ -92,7 +102,7 @@ class PortalStore(LocalStore):
 
     def __init__(self) -> None:
         super().__init__()  # settings refuse to start without PORTAL_FILE_STORE_URL and PORTAL_FILE_STORE_KEY
-        self.base = settings.FILE_STORE_URL.rstrip("/") + "/internal/render/jobs"
+        self.base = f"{settings.FILE_STORE_URL.rstrip('/')}/{PREFIX}"
         self.root = Path(settings.RENDER_SCRATCH_DIR)
         self.host = str(settings.GPU_HOST_NAME)
         self._local = threading.local()  # one HTTP session per thread (requests' sessions are not shared)

@@ -19,6 +19,7 @@ SAFE_FLAGS = ("-b", "-Y", "--factory-startup")
 # Blender's C output to a pipe is block-buffered, flushed at each progress line: line-buffered, an error
 # arrives when it is printed and after the lines that led to it, not with the next flush.
 LINE_BUFFERED = ("stdbuf", "-oL", "-eL")
+RENDER_UID = 10000  # the render image's `render` user (compose/images/render/Dockerfile)
 SCENE_DIR = "/scene"  # the uploaded scene, mounted read-only
 OUTPUT_DIR = "/out"  # the one writable place
 FRAME_NAME = "frame_######"  # Blender writes /out/frame_000001.png

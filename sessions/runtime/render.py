@@ -22,7 +22,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from sessions.runtime import blender
-from sessions.runtime.blender import RenderSettings
+from sessions.runtime.blender import RENDER_UID, RenderSettings
 from sessions.runtime.blender_log import CLOCK, MOST_KEPT, BlenderLog, Event, FrameTiming
 from sessions.runtime.docker import DockerRuntime, RuntimeError_
 from sessions.runtime.scene_facts import SceneFacts
@@ -31,7 +31,6 @@ from sessions.runtime.watchdogs import Watchdogs, size_words
 
 log = logging.getLogger(__name__)
 RENDER_IMAGE = "gpu-portal/render:latest"  # built by compose/bin/build-render-image
-RENDER_UID = 10000  # the image's `render` user (compose/images/render/Dockerfile)
 TMP = "/tmp"  # noqa: S108 (the container's own: a small tmpfs, gone with it)
 TMP_SIZE = "512m"
 PURPOSE_LABEL = f"{LABEL_PREFIX}.render"  # what a render container does: facts, probe, frames

@@ -1,7 +1,7 @@
 """The deployment's files and images against bad input (issue 33): both files read clean by the tools that
 deploy them, they agree with each other, a missing secret is named before anything starts, an example or
-empty one is refused by the program, a malformed setting stops it with its name, and a base image of another
-system is refused by the build."""
+empty one is refused by the program, a malformed setting stops it with its name, a base image of another
+system is refused by the build, and the portal image runs what a Kubernetes render Job asks of it."""
 
 from __future__ import annotations
 
@@ -15,6 +15,9 @@ from typing import Any
 import pytest
 import yaml
 
+from sessions.runtime.kube.jobs import Images, RenderRun, render_job
+from sessions.runtime.kube.slices import DEVICE_PLUGIN, KubeSlice
+from sessions.runtime.spec import Limits
 from tests.conftest import ROOT
 from tests.deploy.deployment import COMPOSE, DOCKER, build_images
 
@@ -225,3 +228,36 @@ def test_the_swarm_hosts_file_needs_its_settings_and_places_each_program(env_fil
     assert "listen_addresses=127.0.0.1,192.0.2.10" in services["postgres"]["command"]
     assert services["redis"]["command"][:4] == ["redis-server", "--bind", "127.0.0.1", "192.0.2.10"]
     assert services["web"]["environment"]["PORTAL_BIND"] == "127.0.0.1,192.0.2.10"
+
+
+def test_the_portal_image_runs_a_render_jobs_file_containers_as_the_job_gives_them(
+    portal_image: str, tmp_path: Path
+) -> None:
+    """The Kubernetes render Job's fetch container (issue 34), from its generated spec, in the portal image with
+    the spec's user, a read-only root and no capabilities: it runs without Django or a key, and says in the
+    termination message why it stopped (here: no file store answers, there is no network)."""
+    gpu = "GPU-5c3f0a55-8d54-4a1b-9e7e-0d2c9b1f7a10"
+    run = RenderRun(3, "chunk0-1", ("blender",), Limits(1.0, 2**30, 64), "ab" * 32, 2**20, 2**20, 60, {})
+    job = render_job(
+        run, KubeSlice("whole", "", "gpu-node-1", gpu, gpu), DEVICE_PLUGIN, namespace="gpu-portal",
+        images=Images("gpu-portal/render:latest", portal_image), store_url="http://127.0.0.1:9", part_bytes=2**20,
+    )  # fmt: skip
+    fetch = job["spec"]["template"]["spec"]["initContainers"][0]
+    (tmp_path / "token").write_text("a-token")
+    (tmp_path / "termination-log").write_text("")
+    (tmp_path / "scene").mkdir(mode=0o777)
+    tmp_path.chmod(0o755)
+    security = fetch["securityContext"]
+    docker = [DOCKER, "run", "--rm", "--network", "none", "--read-only", "--cap-drop", "ALL"]
+    docker += ["--security-opt", "no-new-privileges", "--user", f"{security['runAsUser']}:{security['runAsGroup']}"]
+    docker += ["-v", f"{tmp_path / 'token'}:/run/gpu-portal/token:ro", "-v", f"{tmp_path / 'scene'}:/scene"]
+    docker += ["-v", f"{tmp_path / 'termination-log'}:/dev/termination-log"]
+    for item in fetch["env"]:
+        docker += ["-e", f"{item['name']}={item['value']}"]
+    command = fetch["command"]
+    answer = subprocess.run(
+        [*docker, "--entrypoint", command[0], fetch["image"], *command[1:]], capture_output=True, text=True, timeout=120
+    )
+    assert answer.returncode == 1, answer.stderr[-2000:]
+    assert "the portal's file store did not answer" in answer.stderr, answer.stderr[-2000:]
+    assert "did not answer" in (tmp_path / "termination-log").read_text(), "the kubelet shows this message"

@@ -15,8 +15,8 @@ import kubernetes_validate
 import pytest
 from kubernetes_asyncio.client import ApiClient
 
-from sessions.notebooks.kubespawner import PortalKubeSpawner, label_value
-from sessions.runtime.kube.manifests import server_network_policy
+from sessions.notebooks.kubespawner import PortalKubeSpawner
+from sessions.runtime.kube.manifests import label_value, server_network_policy
 from sessions.runtime.kube.slices import DEVICE_PLUGIN, DRA, KubeSlice
 from sessions.runtime.spec import ContainerSpec, Limits
 

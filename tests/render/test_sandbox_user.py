@@ -22,7 +22,7 @@ from pytest_django.fixtures import Settings
 
 from sessions.render import chunks, jobs
 from sessions.render.models import RenderFrame, RenderJob
-from sessions.runtime.render import RENDER_UID
+from sessions.runtime.blender import RENDER_UID
 from tests.render.sandbox_acts import alongside, exec_in, running_container
 from tests.render.stack import (  # noqa: F401 (fixtures)
     own_folder,

@@ -21,13 +21,12 @@ from sessions.gpus.allocator import SliceRequest, allocate
 from sessions.gpus.backends import get_backend
 from sessions.gpus.holders import Holder
 from sessions.gpus.models import Slice
-from sessions.runtime.blender import RenderSettings, cycles_gpu, preview_file
+from sessions.runtime.blender import RENDER_UID, RenderSettings, cycles_gpu, preview_file
 from sessions.runtime.blender_log import Event, FrameSaved, Progress
 from sessions.runtime.docker import DockerRuntime
 from sessions.runtime.render import (
     PURPOSE_LABEL,
     RENDER_IMAGE,
-    RENDER_UID,
     Scene,
     SceneUnreadable,
     probe,

@@ -4,6 +4,7 @@ KubeSpawner's (``sessions.notebooks.kubespawner``), made with these."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -20,6 +21,26 @@ HUB_POD = {"app": "jupyterhub", "component": "hub"}
 PROXY_POD = {"app": "jupyterhub", "component": "proxy"}
 SERVER_POD = {"app": "jupyterhub", "component": "singleuser-server"}
 DNS_PORT = 53
+LABEL_VALUE = re.compile(r"[^A-Za-z0-9_.-]")
+
+
+def label_value(value: str) -> str:
+    """A Kubernetes label value: at most 63 of letters, digits, '-', '_' and '.', starting and ending with one
+    of the first two (our holder "notebook:12" becomes "notebook-12")."""
+    return LABEL_VALUE.sub("-", value)[:63].strip("-_.")
+
+
+def dns_egress() -> dict[str, Any]:
+    """A policy's egress rule to the cluster's DNS (kube-dns in kube-system), to find the Services it may reach."""
+    return {
+        "to": [
+            {
+                "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kube-system"}},
+                "podSelector": {"matchLabels": {"k8s-app": "kube-dns"}},
+            }
+        ],
+        "ports": [{"protocol": "UDP", "port": DNS_PORT}, {"protocol": "TCP", "port": DNS_PORT}],
+    }
 
 
 def work_volume_claim(
@@ -65,15 +86,7 @@ def server_network_policy(namespace: str, hub_port: int, server_port: int = 8888
                     "to": [{"podSelector": {"matchLabels": dict(HUB_POD)}}],
                     "ports": [{"protocol": "TCP", "port": hub_port}],
                 },
-                {
-                    "to": [
-                        {
-                            "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kube-system"}},
-                            "podSelector": {"matchLabels": {"k8s-app": "kube-dns"}},
-                        }
-                    ],
-                    "ports": [{"protocol": "UDP", "port": DNS_PORT}, {"protocol": "TCP", "port": DNS_PORT}],
-                },
+                dns_egress(),
             ],
         },
     }
