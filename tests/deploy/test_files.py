@@ -245,6 +245,7 @@ def test_the_portal_image_runs_a_render_jobs_file_containers_as_the_job_gives_th
     fetch = job["spec"]["template"]["spec"]["initContainers"][0]
     (tmp_path / "token").write_text("a-token")
     (tmp_path / "termination-log").write_text("")
+    (tmp_path / "termination-log").chmod(0o666)  # the kubelet's is the container's to write
     (tmp_path / "scene").mkdir(mode=0o777)
     tmp_path.chmod(0o755)
     security = fetch["securityContext"]

@@ -14,6 +14,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from sessions.runtime.kube.jobs import render_network_policy
 from tests.conftest import ROOT
 from tests.kube.test_specs import KUBERNETES
 
@@ -64,6 +65,15 @@ def test_the_programs_images_and_secrets_are_ours() -> None:
     assert set(secret["stringData"].values()) == {"change-me"}  # refused by every program until replaced
     agent = next(document for document in objects if document["kind"] == "DaemonSet")
     assert agent["spec"]["template"]["spec"]["runtimeClassName"] == "nvidia"
+    (web,) = [document for document in objects if document["metadata"]["name"] == "gpu-portal-web"
+              and document["kind"] == "Deployment"]  # fmt: skip
+    (port,) = web["spec"]["template"]["spec"]["containers"][0]["ports"]
+    (render_policy,) = [document for document in objects if document["kind"] == "NetworkPolicy"]
+    assert render_policy == render_network_policy("gpu-portal", port["containerPort"]), "the file is what code makes"
+    assert (
+        web["spec"]["template"]["metadata"]["labels"]
+        == render_policy["spec"]["egress"][0]["to"][0]["podSelector"]["matchLabels"]
+    ), "the render pods reach the web pods: the policy selects them by their labels"
 
 
 def test_the_hubs_values_name_what_exists() -> None:
