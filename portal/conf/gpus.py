@@ -52,6 +52,13 @@ DOCKER_ENGINES = engine_config.parse(env.text("PORTAL_DOCKER_ENGINES", ""), DOCK
 # A kube:// host's cluster API (sessions/runtime/kube/pods.py): empty, the cluster the portal runs in (its
 # service account); else an address such as a kubectl proxy's.
 KUBERNETES_API = env.text("PORTAL_KUBERNETES_API", "")
+# How a render run on a kube:// host asks for its slice (sessions/runtime/kube/jobs.py): the device plugin's
+# resources or a DRA claim; and the images its Job runs (as the cluster's nodes pull them).
+KUBERNETES_SLICE_REQUEST = env.choice(
+    "PORTAL_KUBERNETES_SLICE_REQUEST", "device-plugin", {"device-plugin": "device-plugin", "dra": "dra"}
+)
+KUBERNETES_PORTAL_IMAGE = env.text("PORTAL_KUBERNETES_PORTAL_IMAGE", "gpu-portal/portal:latest")
+KUBERNETES_RENDER_IMAGE = env.text("PORTAL_KUBERNETES_RENDER_IMAGE", "gpu-portal/render:latest")
 # Where a slice goes when GPUs of several hosts would serve it (sessions/gpus/packing.py): "pack" fills the
 # busiest host first, keeping whole hosts free; "spread" the least busy.
 PLACEMENT = env.choice("PORTAL_PLACEMENT", "pack", {"pack": "pack", "spread": "spread"})

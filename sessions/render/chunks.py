@@ -13,6 +13,7 @@ slice, the slice is released at once, its holding ending with its last container
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -26,7 +27,18 @@ from django.utils import timezone
 from sessions.gpus import holdings, orders
 from sessions.gpus.holders import Holder
 from sessions.gpus.models import Slice
-from sessions.render import containers, files, filestore, progress, queues, slices, storage, stores, thumbnails
+from sessions.render import (
+    containers,
+    files,
+    filestore,
+    kubejobs,
+    progress,
+    queues,
+    slices,
+    storage,
+    stores,
+    thumbnails,
+)
 from sessions.render.models import RenderChunk, RenderFrame, RenderJob
 from sessions.render.services import (
     RUNNING,
@@ -40,6 +52,8 @@ from sessions.render.thumbnails import make_thumbnail
 from sessions.runtime import blender, engines
 from sessions.runtime.blender_log import Event
 from sessions.runtime.docker import RuntimeError_
+from sessions.runtime.kube.pods import SCHEME as KUBE
+from sessions.runtime.kube.runs import JobRuntime
 from sessions.runtime.render import RENDER_IMAGE, render
 from sessions.runtime.slices import spec_for
 from sessions.runtime.watchdogs import size_words
@@ -194,7 +208,7 @@ def _failed_here(chunk: RenderChunk, slice_id: int) -> bool:
 def output_folder(job: RenderJob, chunk: RenderChunk) -> Path:
     """One run's own output folder (mounted at /out), as the file store gives it: the watchdog counts only what
     this run wrote."""
-    return stores.current().output_for(job, f"chunk{chunk.index}-{chunk.attempts}")
+    return stores.current().output_for(job, kubejobs.run_name(chunk))
 
 
 def _run(claim: Claim) -> datetime | None:
@@ -206,7 +220,12 @@ def _run(claim: Claim) -> datetime | None:
     files.make_private(output)
     bound = storage.output_bound(job.owner_id)
     engine = engines.endpoint_of(taken.gpu.host.name)  # the slice's host's
-    watched = containers.Watched(engine, may_start=lambda: _may_render(job.pk, chunk.pk, taken.pk))
+    may_start = functools.partial(_may_render, job.pk, chunk.pk, taken.pk)
+    watched: containers.Watched | JobRuntime
+    if engine.startswith(KUBE):  # a Kubernetes node's: the run is a Job there (sessions.render.kubejobs)
+        watched = kubejobs.runtime_for(engine, job, chunk, taken, bound.limit, may_start)
+    else:
+        watched = containers.Watched(engine, may_start=may_start)
     watched.on_started = lambda at: _started(job.pk, chunk.pk, taken.pk, watched, at)
     if bound.limit > 0:
         outcome = _rendered(claim, output, watched, bound)
@@ -221,7 +240,9 @@ def _run(claim: Claim) -> datetime | None:
     return watched.finished_at
 
 
-def _rendered(claim: Claim, output: Path, watched: containers.Watched, bound: storage.OutputBound) -> Outcome:
+def _rendered(
+    claim: Claim, output: Path, watched: containers.Watched | JobRuntime, bound: storage.OutputBound
+) -> Outcome:
     """The chunk's run in the sandbox, its frames recorded as Blender saves them: how it went."""
     job, chunk, taken = claim.job, claim.chunk, claim.taken
     how = render_settings(job, taken)
@@ -285,7 +306,9 @@ def _may_render(job_id: int, chunk_id: int, slice_id: int) -> bool:
         )
 
 
-def _started(job_id: int, chunk_id: int, slice_id: int, watched: containers.Watched, at: datetime | None) -> None:
+def _started(
+    job_id: int, chunk_id: int, slice_id: int, watched: containers.Watched | JobRuntime, at: datetime | None
+) -> None:
     """The chunk's container started: its slice is held from then, recorded in the same step as the chunk is
     found still its own. If its job was cancelled (or the chunk put back) meanwhile, the container is killed
     at once and holds nothing: the cancel may have looked for the job's containers before this one existed,

@@ -4,7 +4,8 @@ Billing charges a slice from its holder's first container start to its last cont
 recorded them (``sessions.gpus.holdings``); ``Watched`` hears those moments from the sandbox runner's own
 calls, and asks, between a container's create and its start, whether it may still start at all (its job may
 have been cancelled meanwhile). Containers are found by the labels every render container carries: its job,
-and its chunk where it renders one.
+and its chunk where it renders one. On a Kubernetes node (``kube://``) each run is a Job, found and stopped
+the same way (``sessions.runtime.kube.runs``).
 """
 
 from __future__ import annotations
@@ -14,7 +15,11 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
+from sessions.runtime import engines
 from sessions.runtime.docker import ContainerState, DockerRuntime, RuntimeError_
+from sessions.runtime.kube.pods import SCHEME as KUBE
+from sessions.runtime.kube.runs import JobRuntime
+from sessions.runtime.sandbox import Sandbox
 from sessions.runtime.spec import LABEL_PREFIX, ContainerSpec
 
 log = logging.getLogger(__name__)
@@ -99,15 +104,21 @@ class Watched(DockerRuntime):
         return self.ended.finished_at if self.ended is not None else None
 
 
-def of_job(runtime: DockerRuntime, job_id: int) -> list[str]:
+def runtime_at(endpoint: str) -> Sandbox:
+    """What runs render work at an engine's endpoint: a Docker engine, or a Kubernetes namespace (``kube://``),
+    whose runs are Jobs (``sessions.runtime.kube.runs``)."""
+    return JobRuntime(endpoint) if endpoint.startswith(KUBE) else engines.at(endpoint)
+
+
+def of_job(runtime: Sandbox, job_id: int) -> list[str]:
     return runtime.containers_for(JOB_LABEL, str(job_id))
 
 
-def of_chunk(runtime: DockerRuntime, chunk_id: int) -> list[str]:
+def of_chunk(runtime: Sandbox, chunk_id: int) -> list[str]:
     return runtime.containers_for(CHUNK_LABEL, str(chunk_id))
 
 
-def stop(runtime: DockerRuntime, container_ids: list[str]) -> datetime | None:
+def stop(runtime: Sandbox, container_ids: list[str]) -> datetime | None:
     """Kill the containers at once and wait for the engine to record their end; the latest end moment.
     The sandbox runner that started each one removes it."""
     ends: list[datetime] = []

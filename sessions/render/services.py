@@ -437,7 +437,7 @@ def stop_and_release(job_id: int, reason: str) -> None:
     ended: dict[str, datetime | None] = {}
     for endpoint in engines.endpoints_for(held):
         try:
-            runtime = engines.at(endpoint)  # each of its hosts' engines (sessions.runtime.engines)
+            runtime = containers.runtime_at(endpoint)  # each of its hosts' engines (sessions.runtime.engines)
             ended[endpoint] = containers.stop(runtime, containers.of_job(runtime, job_id))
         except (RuntimeError_, OSError) as error:  # that engine does not answer: its holdings end at their last proof
             log.error("render job %s: cannot stop its containers on %s: %s", job_id, endpoint or "this machine", error)

@@ -60,6 +60,8 @@ def container_options(spec: ContainerSpec, **overrides: Any) -> dict[str, Any]:
 
 
 class DockerRuntime:
+    files_here = True  # a render sandbox's folders are mounted from this machine (``sessions.runtime.sandbox``)
+
     def __init__(self, base_url: str | None = None) -> None:
         try:
             self.client = (

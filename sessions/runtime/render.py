@@ -25,6 +25,7 @@ from sessions.runtime import blender
 from sessions.runtime.blender import RENDER_UID, RenderSettings
 from sessions.runtime.blender_log import CLOCK, MOST_KEPT, BlenderLog, Event, FrameTiming
 from sessions.runtime.docker import DockerRuntime, RuntimeError_
+from sessions.runtime.sandbox import Sandbox
 from sessions.runtime.scene_facts import SceneFacts
 from sessions.runtime.spec import LABEL_PREFIX, ContainerSpec
 from sessions.runtime.watchdogs import Watchdogs, size_words
@@ -112,12 +113,12 @@ def hand_over(scene_folder: Path, output: Path | None) -> None:
             path.chmod((mode | readable | (searchable if path.is_dir() else 0)) & ~0o022)
 
 
-def give_back(runtime: DockerRuntime, image: str, output: Path | None) -> None:
+def give_back(runtime: Sandbox, image: str, output: Path | None) -> None:
     """After a run, as a portal that is not root: what the sandbox wrote is its user's, and a folder it made
     the portal could neither empty nor remove. Where it made one (Blender makes none), a short container of
     that same user, with no network and nothing but the output folder mounted, opens the output folder's
     contents up to others (inside the job's private folder, that is the portal)."""
-    if output is None or os.geteuid() == 0:
+    if output is None or os.geteuid() == 0 or not runtime.files_here:
         return
     with os.scandir(output) as entries:
         if not any(entry.is_dir(follow_symlinks=False) for entry in entries):
@@ -170,7 +171,7 @@ class Exit:
 
 
 def run_sandboxed(
-    runtime: DockerRuntime,
+    runtime: Sandbox,
     spec: ContainerSpec,
     command: list[str],
     *,
@@ -184,7 +185,8 @@ def run_sandboxed(
 ) -> Exit:
     """Run a command in the sandbox, streaming its lines, killing it past ``wall_time_s`` or once its output
     folder holds more than ``output_limit`` bytes; always removed."""
-    hand_over(scene_folder, output)
+    if runtime.files_here:  # else the run fetches its scene and gives its output back (the file store)
+        hand_over(scene_folder, output)
     overrides = sandbox_options(scene_folder, output)
     began = time.monotonic()
     container_id = runtime.start(spec, command, labels={**spec.labels, PURPOSE_LABEL: purpose}, **overrides)
@@ -248,12 +250,12 @@ class RenderResult:
         return any(item.kind == "preview" and item.value == frame for item in self.log.marked)
 
 
-def threads_for(spec: ContainerSpec, runtime: DockerRuntime) -> int:
+def threads_for(spec: ContainerSpec, runtime: Sandbox) -> int:
     """Cycles' threads: the slice's CPUs (left alone, it would start one per host core and be throttled)."""
     return max(1, math.ceil(runtime.within_host(spec).limits.cpus))
 
 
-def memory_of(spec: ContainerSpec, runtime: DockerRuntime) -> int:
+def memory_of(spec: ContainerSpec, runtime: Sandbox) -> int:
     """The memory the container is given: its slice's share, cut to what its host can give."""
     return runtime.within_host(spec).limits.memory_bytes
 
@@ -297,7 +299,7 @@ def _failure(ended: Exit, log: BlenderLog, settings: RenderSettings, wall_time_s
 
 
 def render(
-    runtime: DockerRuntime,
+    runtime: Sandbox,
     spec: ContainerSpec,
     scene: Scene,
     output: Path,

@@ -11,7 +11,7 @@ import os
 import threading
 from pathlib import Path
 
-from sessions.runtime.docker import DockerRuntime
+from sessions.runtime.sandbox import Sandbox
 
 OUTPUT_CHECK_S = 0.2  # how often the output watchdog counts the folder
 ENTRY_BYTES = 4096  # what one file or folder costs the disk at least (its inode, its first block)
@@ -73,7 +73,7 @@ class Watchdogs:
     """What kills a sandboxed run: its wall-time timer, and (with an output folder and a limit) a thread that
     counts the folder a few times a second. Each notes why it killed."""
 
-    def __init__(self, runtime: DockerRuntime, container_id: str, output: Path | None, limit: int | None) -> None:
+    def __init__(self, runtime: Sandbox, container_id: str, output: Path | None, limit: int | None) -> None:
         self.runtime, self.container_id, self.output, self.limit = runtime, container_id, output, limit
         self.timed_out, self.over, self.ended = threading.Event(), threading.Event(), threading.Event()
         self.threads: list[threading.Thread] = []

@@ -13,15 +13,25 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from aiohttp import web
 from django.db import connection
 from kmock import KubernetesEmulator, action
 from kubernetes_asyncio.client import ApiClient, Configuration, CoreV1Api
+
+from tests.kube.job_kubelet import JOB_NAME, LOGS
 
 NAMESPACE = "gpu-portal"
 FLEET = "gpu-node-2: 1xA100-80GB:mig; gpu-node-3: 1xL4:whole"
 STARTED_AGO_S = 20
 REFUSAL = "0/2 nodes are available: 1 Insufficient nvidia.com/gpu, 1 node(s) didn't match Pod's node affinity/selector."
-KINDS = ("v1/pods", "v1/persistentvolumeclaims", "v1/events", "resource.k8s.io/v1/resourceclaims")
+KINDS = (
+    "v1/pods",
+    "v1/persistentvolumeclaims",
+    "v1/events",
+    "v1/secrets",
+    "batch/v1/jobs",
+    "resource.k8s.io/v1/resourceclaims",
+)
 
 
 class ApiServer(KubernetesEmulator):
@@ -31,8 +41,11 @@ class ApiServer(KubernetesEmulator):
     resourceVersion with every change, which watchers resume from."""
 
     versions = itertools.count(1)
+    logs = LOGS  # what the pods' containers printed (the Job kubelet's, tests/kube/job_kubelet.py)
 
     async def _handle(self, request: Any) -> Any:
+        if request.resource is not None and request.resource.plural == "pods" and request.subresource == "log":
+            return await self._serve_log(request)
         if request.action == action.LIST and request.params.get("watch", "").lower() in ("true", "1"):
             object.__setattr__(request, "action", action.WATCH)  # the same request: kmock matches by identity
         if request.action in (action.CREATE, action.UPDATE) and isinstance(request.data, dict):
@@ -45,6 +58,24 @@ class ApiServer(KubernetesEmulator):
                 metadata.setdefault("creationTimestamp", datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"))
                 request.data.setdefault("status", {"phase": "Pending"} if request.resource.plural == "pods" else {})
         return await super()._handle(request)
+
+    async def _serve_log(self, request: Any) -> web.StreamResponse:
+        """A container's log: what it printed so far, and with ``follow`` the rest as it comes, until it ends."""
+        key = (request.name, request.params.get("container", ""))
+        answer = web.StreamResponse(headers={"Content-Type": "text/plain"})
+        await answer.prepare(request._raw_request)
+        sent, follow = 0, request.params.get("follow", "").lower() in ("true", "1")
+        while True:
+            ended = key in self.logs.ended  # seen before the lines: none printed before its end is left out
+            lines = list(self.logs.lines.get(key, []))
+            for line in lines[sent:]:
+                await answer.write(line + b"\n")
+            sent = len(lines)
+            if not follow or ended:
+                break
+            await asyncio.sleep(0.05)
+        await answer.write_eof()
+        return answer
 
 
 @dataclass
@@ -71,6 +102,8 @@ async def kubelet(cluster: Cluster, stop: asyncio.Event) -> None:
                 name = raw["metadata"]["name"]
                 if name in seen or (raw.get("status") or {}).get("phase") != "Pending":
                     continue  # done, or placed already (a test's own pod)
+                if JOB_NAME in (raw["metadata"].get("labels") or {}):
+                    continue  # a render run's: the Job kubelet runs it
                 seen.add(name)
                 # The container started a while before the kubelet says so: the moment billing must take.
                 now = (datetime.now(UTC) - timedelta(seconds=STARTED_AGO_S)).isoformat()

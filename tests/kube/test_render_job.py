@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import os
 import signal
 import subprocess
@@ -25,11 +24,10 @@ from typing import Any
 import kubernetes_validate
 import pytest
 from django.contrib.auth.models import User
-from pytest_django.fixtures import Settings
 
 from sessions.gpus.allocator import SliceRequest, allocate
 from sessions.gpus.holders import Holder
-from sessions.render import kubejobs
+from sessions.render import containers, kubejobs
 from sessions.render.models import RenderChunk, RenderJob
 from sessions.render.portalstore import sign_for_run, signed_host
 from sessions.render.services import render_settings
@@ -44,6 +42,7 @@ from sessions.runtime.kube.jobs import (
     run_secret,
 )
 from sessions.runtime.kube.slices import DEVICE_PLUGIN, DRA, WAYS
+from sessions.runtime.render import RENDER_IMAGE
 from sessions.runtime.slices import spec_for
 from sessions.runtime.spec import Limits
 from tests.helpers.processes import ROOT
@@ -167,8 +166,8 @@ def test_a_run_kubernetes_cannot_be_given_is_refused_naming_why() -> None:
 
 
 @pytest.mark.parametrize("way", WAYS)
-def test_the_objects_of_a_chunks_run_come_from_the_allocators_slice_and_the_jobs_settings(
-    way: str, fleet: None, alice: User, render_root: Path, tmp_path: Path, settings: Settings
+def test_the_objects_of_a_chunks_run_come_from_the_allocators_slice_and_the_sandboxs_spec(
+    way: str, fleet: None, alice: User, render_root: Path, tmp_path: Path
 ) -> None:
     scene = tmp_path / "scene.blend"
     scene.write_bytes(b"BLENDER-v402 not really a scene" * 100)
@@ -179,9 +178,11 @@ def test_the_objects_of_a_chunks_run_come_from_the_allocators_slice_and_the_jobs
         (SliceRequest("whole", host="gpu-node-3"), "gpu-node-3", "whole"),
     ):
         taken = allocate(alice, request, holder=Holder.render(job.pk))
-        made = kubejobs.objects_for(
-            job, chunk, taken, way=way, namespace=NAMESPACE, store_url=STORE, images=kubejobs.default_images()
-        )
+        spec = spec_for(taken, RENDER_IMAGE, labels=containers.labels(job.pk, chunk.pk))
+        mark = blender.new_mark()
+        command = blender.render_command("scene.blend", (1, 2, 3), render_settings(job, taken), mark, 2)
+        run = kubejobs.run_of(job, chunk, spec, command, output_bytes=2**30)
+        made = kubejobs.objects_of(run, taken, way=way, namespace=NAMESPACE)
         for manifest in made.in_order():
             valid(manifest)
         claimed = ["ResourceClaim"] if way == DRA else []
@@ -189,18 +190,14 @@ def test_the_objects_of_a_chunks_run_come_from_the_allocators_slice_and_the_jobs
         sliced = kubejobs.kube_slice(taken)
         assert (sliced.kind, sliced.node, sliced.device_uuid) == (kind, node, taken.device_uuid)
         blender_container = containers_of(made.job)["blender"]
-        threads = math.ceil(spec_for(taken, "gpu-portal/render:latest").limits.cpus)
-        assert threads >= 1 and blender_container["resources"]["limits"]["cpu"] == str(spec_for(taken, "x").limits.cpus)
-        expected = blender.render_command("scene.blend", (1, 2, 3), render_settings(job, taken), made.mark, threads)
-        assert blender_container["command"] == expected
-        assert json.loads(expected[-1])["samples"] == 8 and made.mark in expected[-1], "the job's settings, our mark"
+        assert blender_container["command"] == command and blender_container["image"] == "gpu-portal/render:latest"
+        assert json.loads(command[-1])["samples"] == 8 and mark in command[-1], "the job's settings, our mark"
+        assert blender_container["resources"]["limits"]["cpu"] == str(spec.limits.cpus)
         assert made.job["metadata"]["name"] == f"gpu-portal-render-{job.pk}-chunk0-1"
+        assert made.job["metadata"]["labels"]["gpu-portal.render_job"] == str(job.pk)
+        assert run.scene_sha256 == job.scene_sha256 and run.scene_bytes == scene.stat().st_size
         token = made.secret["stringData"]["token"]
         assert signed_host(token, job.pk) == "run:chunk0-1" and signed_host(token, job.pk + 1) is None
-    settings.STORAGE_QUOTA_BYTES = 0  # no room left for any output: no run is made
-    with pytest.raises(ValueError, match="quota"):
-        kubejobs.objects_for(job, chunk, taken, way=way, namespace=NAMESPACE, store_url=STORE,
-                             images=kubejobs.default_images())  # fmt: skip
 
 
 def test_a_runs_token_lasts_until_its_deadline_and_no_longer(alice: User, transactional_db: None) -> None:

@@ -34,10 +34,11 @@ def namespace_of(endpoint: str) -> str:
     return endpoint.removeprefix(SCHEME)
 
 
-def state_of(pod: dict[str, Any]) -> ContainerState:
-    """The pod's server container as a container's state: running, started, finished, exit code, OOM."""
+def state_of(pod: dict[str, Any], container: str = SERVER_CONTAINER) -> ContainerState:
+    """One of the pod's containers (a notebook's server, unless told) as a container's state: running, started,
+    finished, exit code, OOM."""
     status = pod.get("status") or {}
-    containers = [c for c in status.get("containerStatuses") or [] if c.get("name") == SERVER_CONTAINER]
+    containers = [c for c in status.get("containerStatuses") or [] if c.get("name") == container]
     state = (containers[0].get("state") or {}) if containers else {}
     running, ended = state.get("running") or {}, state.get("terminated") or {}
     alive = (

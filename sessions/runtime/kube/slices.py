@@ -33,6 +33,11 @@ PROFILE = re.compile(r"^\d+g\.\d+gb(\+me)?$")
 UUID = re.compile(r"^(GPU|MIG)-[0-9a-fA-F-]+$")
 
 
+def own_claim(workload: str) -> str:
+    """The name of a workload's own claim (a MIG slice's or a whole GPU's)."""
+    return f"{workload}-gpu"
+
+
 @dataclass(frozen=True)
 class KubeSlice:
     """What the allocator decided for one workload: the kind of slice, its MIG profile, the node (the GPU
@@ -90,7 +95,7 @@ class KubeSlice:
         """A share's claim is its GPU's, referenced by every tenant; any other is the workload's own."""
         if self.kind == "shared":
             return f"gpu-portal-share-{self.gpu_uuid.lower()}"[:63].rstrip("-")
-        return f"{workload}-gpu"
+        return own_claim(workload)
 
     def resource_claim(self, workload: str, namespace: str, labels: Mapping[str, str]) -> dict[str, Any]:
         """The claim for this slice: the device our allocator chose, selected by its UUID."""

@@ -1,0 +1,145 @@
+# ruff: noqa: F811 (the fixtures imported from tests.render.stack are parameters by name)
+"""A render chunk on a Kubernetes node (issue 34, item 2), through the portal's render worker code: a GPU host whose
+engine is ``kube://NAMESPACE`` renders a chunk as a Job on the in-memory API server, which the Job kubelet
+(tests/kube/job_kubelet.py) runs for real: the scene fetched from the portal under daphne by the Job's init
+container, Blender in the render image on the Docker engine, the frames given back by its sidecar. The worker
+follows Blender's lines from the pod's log, holds the slice from Blender's start, records the frames (with their
+thumbnails) once the pod ended, and removes the run's Job and Secret."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.contrib.auth.models import User
+from kubernetes_asyncio.client import ApiClient, BatchV1Api, Configuration, CoreV1Api
+from PIL import Image
+from pytest_django.fixtures import Settings
+
+from billing import seeds
+from billing.models import Price
+from sessions.gpus.models import Slice
+from sessions.render import chunks, stopping
+from sessions.render.models import RenderFrame, RenderJob
+from tests.gpus.conftest import use_fleet
+from tests.kube.cluster import NAMESPACE, Cluster, in_thread
+from tests.kube.job_kubelet import LOGS, JobKubelet
+from tests.render.stack import (  # noqa: F401 (fixtures)
+    queued_as_one_chunk,
+    render_image,
+    render_portal_server,
+    render_root,
+    scenes,
+)
+
+pytestmark = [pytest.mark.docker, pytest.mark.django_db(transaction=True), pytest.mark.timeout(300)]
+
+
+@pytest.fixture
+def kube_host(settings: Settings, render_root: Path, render_portal_server: str, cluster: Cluster) -> Iterator[None]:
+    """One GPU host, gpu-node-2, whose engine is the cluster's namespace; the portal answers its file store."""
+    use_fleet(settings, "gpu-node-2: 1xH200:mig")
+    seeds.ensure(Price)  # a transactional test starts from an empty table
+    settings.RENDER_DIR = render_root
+    settings.DOCKER_ENGINES = {"gpu-node-2": f"kube://{NAMESPACE}"}
+    settings.KUBERNETES_API = cluster.url
+    settings.FILE_STORE_URL = render_portal_server
+    settings.RENDER_CHUNK_ATTEMPTS = 1
+    yield
+
+
+@pytest.fixture
+async def job_kubelet(cluster: Cluster) -> AsyncIterator[JobKubelet]:
+    LOGS.lines.clear()
+    LOGS.ended.clear()
+    runner = JobKubelet(cluster.url, NAMESPACE, LOGS)
+    stop = asyncio.Event()
+    serving = asyncio.ensure_future(runner.serve(stop))
+    yield runner
+    stop.set()
+    await serving
+
+
+def frames_of(job: RenderJob) -> list[RenderFrame]:
+    return list(RenderFrame.objects.filter(job=job).order_by("number"))
+
+
+async def objects_left(cluster: Cluster) -> dict[str, list[str]]:
+    async with ApiClient(Configuration(host=cluster.url)) as client:
+        jobs = [job.metadata.name for job in (await BatchV1Api(client).list_namespaced_job(NAMESPACE)).items]
+        secrets = [item.metadata.name for item in (await CoreV1Api(client).list_namespaced_secret(NAMESPACE)).items]
+        return {"jobs": jobs, "secrets": secrets}
+
+
+async def test_a_chunk_on_a_kube_host_renders_as_a_job_and_its_frames_come_back(
+    kube_host: None, job_kubelet: JobKubelet, cluster: Cluster, scenes: Path, alice: User
+) -> None:
+    job, held = await in_thread(queued_as_one_chunk, alice, scenes / "small.blend", [1, 2, 3], (64, 48))
+
+    await in_thread(chunks.work_on_slice, job.pk, held.pk)
+
+    job = await in_thread(lambda: RenderJob.objects.get(pk=job.pk))
+    assert job.state == RenderJob.State.DONE, job.failure_message
+    frames = await in_thread(frames_of, job)
+    assert [frame.state for frame in frames] == [RenderFrame.State.DONE] * 3
+    for frame in frames:
+        kept = job.folder_path() / frame.output_path
+        assert frame.output_path.startswith("frames/chunk0-1/"), "the run's output folder, as on a Docker host"
+        assert hashlib.sha256(kept.read_bytes()).hexdigest() == frame.sha256
+        with Image.open(kept) as image:
+            assert (image.format, image.size) == ("PNG", (64, 48))
+        assert (job.folder_path() / frame.thumbnail_path).is_file(), "made here from the frame given back"
+    (job_name,) = job_kubelet.seen
+    pod_logs = {container: lines for (pod, container), lines in LOGS.lines.items() if pod.startswith(job_name)}
+    assert any(b"Saved:" in line for line in pod_logs["blender"]), "Blender rendered in the Job's pod"
+    kept_lines = [line for line in pod_logs["give-back"] if b'"kept"' in line]
+    assert len(kept_lines) == 3, pod_logs["give-back"]
+    taken = await in_thread(lambda: Slice.objects.get(pk=held.pk))
+    assert taken.released_at is not None and taken.held_from is not None and taken.held_until is not None
+    assert taken.held_from <= taken.held_until <= taken.released_at
+    assert await objects_left(cluster) == {"jobs": [], "secrets": []}, "the run's objects are removed after it"
+
+
+async def test_a_run_whose_scene_cannot_be_fetched_fails_its_attempt_saying_why_and_leaves_nothing(
+    kube_host: None, job_kubelet: JobKubelet, cluster: Cluster, scenes: Path, alice: User, settings: Any
+) -> None:
+    settings.FILE_STORE_URL = "http://127.0.0.1:9"  # the portal as the pod would reach it: nothing answers there
+    job, held = await in_thread(queued_as_one_chunk, alice, scenes / "small.blend", [1], (64, 48))
+
+    await in_thread(chunks.work_on_slice, job.pk, held.pk)
+
+    job = await in_thread(lambda: RenderJob.objects.get(pk=job.pk))
+    assert job.state == RenderJob.State.FAILED
+    assert "scene could not be fetched" in job.failure_message, job.failure_message
+    taken = await in_thread(lambda: Slice.objects.get(pk=held.pk))
+    assert taken.released_at is not None and taken.held_from is None, "Blender never started: nothing held"
+    assert await objects_left(cluster) == {"jobs": [], "secrets": []}
+
+
+async def test_a_cancelled_job_stops_its_run_on_the_node_and_its_charges_end_with_blender(
+    kube_host: None, job_kubelet: JobKubelet, cluster: Cluster, scenes: Path, alice: User
+) -> None:
+    """The cancel finds the run by its labels and brings its Job's deadline to now: Blender is killed, the worker's
+    run ends, the slice is held until Blender's end and released, and the run's objects go."""
+    job, held = await in_thread(queued_as_one_chunk, alice, scenes / "endless.blend", [1, 2], (64, 48))
+    rendering = asyncio.ensure_future(in_thread(chunks.work_on_slice, job.pk, held.pk))
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 120
+    while not any(container == "blender" and lines for (_, container), lines in LOGS.lines.items()):
+        assert loop.time() < deadline and not rendering.done(), "Blender did not start in the Job's pod"
+        await asyncio.sleep(0.2)
+
+    await in_thread(stopping.cancel, job.pk)
+    await asyncio.wait_for(rendering, 120)
+
+    job = await in_thread(lambda: RenderJob.objects.get(pk=job.pk))
+    assert job.state == RenderJob.State.CANCELLED
+    taken = await in_thread(lambda: Slice.objects.get(pk=held.pk))
+    assert taken.released_at is not None and taken.held_from is not None and taken.held_until is not None
+    assert taken.held_until <= taken.released_at
+    assert await objects_left(cluster) == {"jobs": [], "secrets": []}
+    assert all(key in LOGS.ended for key in LOGS.lines if key[1] == "blender"), "Blender's container ended"
