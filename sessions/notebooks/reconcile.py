@@ -40,8 +40,8 @@ from sessions.notebooks.services import (
 )
 from sessions.runtime import engines
 from sessions.runtime.docker import ContainerState, DockerRuntime, RuntimeError_
+from sessions.runtime.engine_config import KUBE
 from sessions.runtime.isolation import repair
-from sessions.runtime.kube.pods import SCHEME as KUBE
 from sessions.runtime.kube.pods import PodRuntime
 
 log = logging.getLogger(__name__)

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from django.conf import settings
 from django.db import transaction
@@ -52,11 +53,13 @@ from sessions.render.thumbnails import make_thumbnail
 from sessions.runtime import blender, engines
 from sessions.runtime.blender_log import Event
 from sessions.runtime.docker import RuntimeError_
-from sessions.runtime.kube.pods import SCHEME as KUBE
-from sessions.runtime.kube.runs import JobRuntime
+from sessions.runtime.engine_config import KUBE
 from sessions.runtime.render import RENDER_IMAGE, render
 from sessions.runtime.slices import spec_for
 from sessions.runtime.watchdogs import size_words
+
+if TYPE_CHECKING:  # the cluster's client is loaded only where a kube:// host renders
+    from sessions.runtime.kube.runs import JobRuntime
 
 log = logging.getLogger(__name__)
 State = RenderJob.State

@@ -17,8 +17,7 @@ from typing import Any
 
 from sessions.runtime import engines
 from sessions.runtime.docker import ContainerState, DockerRuntime, RuntimeError_
-from sessions.runtime.kube.pods import SCHEME as KUBE
-from sessions.runtime.kube.runs import JobRuntime
+from sessions.runtime.engine_config import KUBE
 from sessions.runtime.sandbox import Sandbox
 from sessions.runtime.spec import LABEL_PREFIX, ContainerSpec
 
@@ -107,7 +106,11 @@ class Watched(DockerRuntime):
 def runtime_at(endpoint: str) -> Sandbox:
     """What runs render work at an engine's endpoint: a Docker engine, or a Kubernetes namespace (``kube://``),
     whose runs are Jobs (``sessions.runtime.kube.runs``)."""
-    return JobRuntime(endpoint) if endpoint.startswith(KUBE) else engines.at(endpoint)
+    if endpoint.startswith(KUBE):
+        from sessions.runtime.kube.runs import JobRuntime  # the cluster's client: loaded only where it is used
+
+        return JobRuntime(endpoint)
+    return engines.at(endpoint)
 
 
 def of_job(runtime: Sandbox, job_id: int) -> list[str]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 
@@ -20,9 +20,11 @@ from sessions.render import filestore
 from sessions.render.models import RenderChunk, RenderJob
 from sessions.render.portalstore import sign_for_run
 from sessions.runtime.kube.jobs import Images, RenderRun, render_job, run_secret
-from sessions.runtime.kube.runs import JobRuntime
 from sessions.runtime.kube.slices import DRA, KubeSlice
 from sessions.runtime.spec import ContainerSpec
+
+if TYPE_CHECKING:  # the cluster's client is loaded only where a kube:// host renders
+    from sessions.runtime.kube.runs import JobRuntime
 
 
 @dataclass(frozen=True)
@@ -89,6 +91,8 @@ def runtime_for(
     may_start: Callable[[], bool] | None = None,
 ) -> JobRuntime:
     """The sandbox a chunk's run on a ``kube://`` host renders in: each start makes the run's objects."""
+    from sessions.runtime.kube.runs import JobRuntime
+
     runtime = JobRuntime(endpoint, may_start=may_start)
 
     def make(spec: ContainerSpec, command: list[str]) -> list[dict[str, Any]]:

@@ -9,7 +9,8 @@ from pathlib import Path
 
 from django.core.exceptions import ImproperlyConfigured
 
-SCHEMES = ("unix://", "tcp://", "ssh://", "kube://")
+KUBE = "kube://"  # a namespace of a Kubernetes cluster, not a Docker engine (sessions/runtime/kube/)
+SCHEMES = ("unix://", "tcp://", "ssh://", KUBE)
 # Docker's names for them (its "protect the daemon socket" set-up): the CA that signed the engines' and the
 # portal's certificates, and the portal's client certificate and key.
 TLS_FILES = ("ca.pem", "cert.pem", "key.pem")

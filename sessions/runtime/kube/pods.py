@@ -22,10 +22,10 @@ from kubernetes_asyncio import config
 from kubernetes_asyncio.client import ApiClient, ApiException, Configuration, CoreV1Api
 
 from sessions.runtime.docker import ContainerState, RuntimeError_
+from sessions.runtime.engine_config import KUBE as SCHEME
 from sessions.runtime.spec import INSTANCE_LABEL, LABEL_PREFIX
 from sessions.runtime.times import engine_time
 
-SCHEME = "kube://"
 SESSION_LABEL = f"{LABEL_PREFIX}.session"
 SERVER_CONTAINER = "notebook"  # KubeSpawner's name for the server's container
 
