@@ -226,7 +226,10 @@ def _run(claim: Claim) -> datetime | None:
     may_start = functools.partial(_may_render, job.pk, chunk.pk, taken.pk)
     watched: containers.Watched | JobRuntime
     if engine.startswith(KUBE):  # a Kubernetes node's: the run is a Job there (sessions.render.kubejobs)
-        watched = kubejobs.runtime_for(engine, job, chunk, taken, bound.limit, may_start)
+        watched = kubejobs.runtime_for(
+            engine, job, kubejobs.run_name(chunk), taken, output_bytes=bound.limit,
+            wall_time_s=settings.RENDER_CHUNK_WALL_SECONDS, may_start=may_start,
+        )  # fmt: skip
     else:
         watched = containers.Watched(engine, may_start=may_start)
     watched.on_started = lambda at: _started(job.pk, chunk.pk, taken.pk, watched, at)

@@ -9,6 +9,7 @@ What is made: the run's Secret (its token), its claim where the slice is asked f
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -40,8 +41,13 @@ class Objects:
 
 
 def run_name(chunk: RenderChunk) -> str:
-    """The run's name: its output folder's (``sessions.render.chunks.output_folder``) and its Job's stem."""
+    """A chunk's run's name: its output folder's (``sessions.render.chunks.output_folder``) and its Job's stem."""
     return f"chunk{chunk.index}-{chunk.attempts}"
+
+
+def probe_run() -> str:
+    """A probe's run's name: its own each time (a probe sent again is another run)."""
+    return f"probe-{secrets.token_hex(3)}"
 
 
 def kube_slice(taken: Slice) -> KubeSlice:
@@ -53,18 +59,21 @@ def images() -> Images:
     return Images(render=settings.KUBERNETES_RENDER_IMAGE, portal=settings.KUBERNETES_PORTAL_IMAGE)
 
 
-def run_of(job: RenderJob, chunk: RenderChunk, spec: ContainerSpec, command: list[str], output_bytes: int) -> RenderRun:
-    """The chunk's attempt: the sandbox's spec and command, the job's scene, the output bound."""
+def run_of(
+    job: RenderJob, run: str, spec: ContainerSpec, command: list[str], output_bytes: int, wall_time_s: int
+) -> RenderRun:
+    """One run of the job (a chunk's attempt, or its probe): the sandbox's spec and command, the job's scene, the
+    output bound and Blender's wall time."""
     scene_bytes = sum(info.st_size for _, info in filestore.plain_files(job.scene_path()))
     return RenderRun(
         job=job.pk,
-        run=run_name(chunk),
+        run=run,
         command=tuple(command),
         limits=spec.limits,
         scene_sha256=job.scene_sha256,
         scene_bytes=max(1, scene_bytes),
         output_bytes=output_bytes,
-        wall_time_s=settings.RENDER_CHUNK_WALL_SECONDS,
+        wall_time_s=wall_time_s,
         labels=spec.labels,
     )
 
@@ -85,19 +94,22 @@ def objects_of(run: RenderRun, taken: Slice, *, way: str, namespace: str) -> Obj
 def runtime_for(
     endpoint: str,
     job: RenderJob,
-    chunk: RenderChunk,
+    run: str,
     taken: Slice,
+    *,
     output_bytes: int,
+    wall_time_s: int,
     may_start: Callable[[], bool] | None = None,
 ) -> JobRuntime:
-    """The sandbox a chunk's run on a ``kube://`` host renders in: each start makes the run's objects."""
+    """The sandbox a run on a ``kube://`` host renders in (its output folder is ``output_for(job, run)``, where
+    the give-back sidecar brings the frames): its start makes the run's objects."""
     from sessions.runtime.kube.runs import JobRuntime
 
     runtime = JobRuntime(endpoint, may_start=may_start)
 
     def make(spec: ContainerSpec, command: list[str]) -> list[dict[str, Any]]:
-        run = run_of(job, chunk, spec, command, output_bytes)
-        return objects_of(run, taken, way=settings.KUBERNETES_SLICE_REQUEST, namespace=runtime.namespace).in_order()
+        made = run_of(job, run, spec, command, output_bytes, wall_time_s)
+        return objects_of(made, taken, way=settings.KUBERNETES_SLICE_REQUEST, namespace=runtime.namespace).in_order()
 
     runtime.make = make
     return runtime

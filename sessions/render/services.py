@@ -18,6 +18,7 @@ import logging
 from dataclasses import asdict, dataclass
 from datetime import datetime
 from decimal import Decimal
+from typing import TYPE_CHECKING
 
 from django.conf import settings
 from django.contrib.auth.models import User
@@ -31,13 +32,17 @@ from sessions.gpus import catalog, holdings, orders, pricing, workloads
 from sessions.gpus.allocator import AllocationRefused, SliceRequest, allocate
 from sessions.gpus.holders import Holder
 from sessions.gpus.models import Slice
-from sessions.render import containers, estimates, files, filestore, jobs, progress, stores
+from sessions.render import containers, estimates, files, filestore, jobs, kubejobs, progress, stores
 from sessions.render.models import RenderChunk, RenderFrame, RenderJob
 from sessions.runtime import blender, engines
 from sessions.runtime.blender import RenderSettings
 from sessions.runtime.docker import RuntimeError_
+from sessions.runtime.engine_config import KUBE
 from sessions.runtime.render import RENDER_IMAGE, Probe, SceneTooLarge, SceneUnreadable, probe
 from sessions.runtime.slices import spec_for
+
+if TYPE_CHECKING:  # the cluster's client is loaded only where a kube:// host renders
+    from sessions.runtime.kube.runs import JobRuntime
 
 log = logging.getLogger(__name__)
 State = RenderJob.State
@@ -50,7 +55,6 @@ ESTIMATE_FILE = filestore.ESTIMATE_FILE
 FORMATS_KEY = "render:formats"  # what the last probe's Blender said it writes; the upload form offers those
 FORMATS_KEPT_S = 7 * 24 * 3600
 PREVIEW_MOST_PIXELS = 4096
-PROBE = "probe"  # the probe's output folder in the job's, removed after it
 
 
 class Refused(Exception):
@@ -194,21 +198,31 @@ def estimate(job_id: int) -> RenderJob:
     except orders.OrderFailed as failed:
         holdings.end(taken.pk, None, "its GPU instance was not made")
         raise ProbeWaits(failed.reason) from None
-    watched = containers.Watched(engines.endpoint_of(taken.gpu.host.name))  # the engine of the slice's host
+    engine = engines.endpoint_of(taken.gpu.host.name)  # the engine of the slice's host
+    run = kubejobs.probe_run()
+    watched: containers.Watched | JobRuntime
+    if engine.startswith(KUBE):  # a Kubernetes node's: the probe is a Job there (sessions.render.kubejobs)
+        watched = kubejobs.runtime_for(
+            engine, job, run, taken, output_bytes=settings.RENDER_MAX_OUTPUT_BYTES,
+            wall_time_s=settings.RENDER_PROBE_WALL_SECONDS,
+        )  # fmt: skip
+    else:
+        watched = containers.Watched(engine)
     watched.on_started = lambda at: _probe_started(job_id, taken.pk, watched, at)
     found: Probe | Exception | None = None
     try:
-        found = _probe(job, taken, watched)
+        found = _probe(job, taken, watched, run)
     finally:  # whatever happened, the slice is released; cut off (None), the job waits to be sent again
         job = _estimated(job_id, found, taken.pk, watched)
     return job
 
 
-def _probe(job: RenderJob, taken: Slice, watched: containers.Watched) -> Probe | Exception:
+def _probe(job: RenderJob, taken: Slice, watched: containers.Watched | JobRuntime, run: str) -> Probe | Exception:
     frames = estimates.probe_frames(list(job.frames))
-    output = stores.current().scratch(job) / PROBE  # the worker's scratch: for the local store, the job's folder
+    output = stores.current().output_for(job, run)  # the worker's scratch: for the local store, the job's folder
     try:
-        output.mkdir(mode=0o700, exist_ok=True)  # never its parents: a job cancelled meanwhile has no folder left
+        output.parent.mkdir(mode=0o700, exist_ok=True)  # never the job's: a job cancelled meanwhile has none left
+        output.mkdir(mode=0o700, exist_ok=True)
         return probe(
             watched,
             spec_for(taken, RENDER_IMAGE, labels=containers.labels(job.pk)),
@@ -227,7 +241,7 @@ def _probe(job: RenderJob, taken: Slice, watched: containers.Watched) -> Probe |
             files.remove_entry(output)
 
 
-def _probe_started(job_id: int, slice_id: int, watched: containers.Watched, at: datetime | None) -> None:
+def _probe_started(job_id: int, slice_id: int, watched: containers.Watched | JobRuntime, at: datetime | None) -> None:
     """The probe's container started: its slice is held from then. If the job was cancelled meanwhile, the
     container is stopped here: the cancel may have looked for the job's containers before this one existed."""
     holdings.started(slice_id, at)
@@ -241,7 +255,10 @@ def no_slice_for_probe(job_id: int, reason: str) -> RenderJob:
 
 
 def _estimated(
-    job_id: int, found: Probe | Exception | None, slice_id: int | None = None, watched: containers.Watched | None = None
+    job_id: int,
+    found: Probe | Exception | None,
+    slice_id: int | None = None,
+    watched: containers.Watched | JobRuntime | None = None,
 ) -> RenderJob:
     """The probe ended: its slice's holding ends (at its container's end) in the same step as the job moves
     on, so a second task of the job, waiting for the row's lock, finds it estimated and probes nothing.
@@ -302,7 +319,7 @@ def _write_estimate(job: RenderJob, found: Probe) -> None:
     """The job's time and cost from what its probe measured (``sessions.render.estimates``)."""
     device = found.result.device or "CPU"
     at_once = estimates.slices_for(job.frame_count, job.chunk_size, job.max_slices)
-    shared = estimates.sharing(at_once, found.threads, found.host_cpus, on_cpu=device == "CPU")
+    shared = estimates.sharing(at_once, found.threads, found.host_cpus or 0, on_cpu=device == "CPU")
     per_frame = shared.frame(found.seconds_per_frame, found.sampling_per_frame)
     overhead = found.overhead_s * shared.serial
     planned = estimates.plan(job.frame_count, job.chunk_size, job.max_slices, per_frame, overhead)

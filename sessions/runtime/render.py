@@ -382,7 +382,7 @@ class Probe:
     timings: tuple[FrameTiming, ...]
     limit_s: float | None  # the probe's bound on each frame's sampling; None where the scene's own, lower, stood
     threads: int  # Cycles' threads in the probe's container (its slice's CPUs)
-    host_cpus: int
+    host_cpus: int | None  # its host's, where the engine says (a Kubernetes node's is the scheduler's)
 
     @property
     def frame(self) -> int:
@@ -428,7 +428,7 @@ class Probe:
 
 
 def probe(
-    runtime: DockerRuntime,
+    runtime: Sandbox,
     spec: ContainerSpec,
     scene: Scene,
     output: Path,

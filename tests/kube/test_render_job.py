@@ -181,7 +181,7 @@ def test_the_objects_of_a_chunks_run_come_from_the_allocators_slice_and_the_sand
         spec = spec_for(taken, RENDER_IMAGE, labels=containers.labels(job.pk, chunk.pk))
         mark = blender.new_mark()
         command = blender.render_command("scene.blend", (1, 2, 3), render_settings(job, taken), mark, 2)
-        run = kubejobs.run_of(job, chunk, spec, command, output_bytes=2**30)
+        run = kubejobs.run_of(job, kubejobs.run_name(chunk), spec, command, 2**30, 3600)
         made = kubejobs.objects_of(run, taken, way=way, namespace=NAMESPACE)
         for manifest in made.in_order():
             valid(manifest)

@@ -23,12 +23,13 @@ from pytest_django.fixtures import Settings
 from billing import seeds
 from billing.models import Price
 from sessions.gpus.models import Slice
-from sessions.render import chunks, stopping
+from sessions.render import chunks, services, stopping
 from sessions.render.models import RenderFrame, RenderJob
 from tests.gpus.conftest import use_fleet
 from tests.kube.cluster import NAMESPACE, Cluster, in_thread
 from tests.kube.job_kubelet import LOGS, JobKubelet
 from tests.render.stack import (  # noqa: F401 (fixtures)
+    make_job,
     queued_as_one_chunk,
     render_image,
     render_portal_server,
@@ -143,3 +144,24 @@ async def test_a_cancelled_job_stops_its_run_on_the_node_and_its_charges_end_wit
     assert taken.held_until <= taken.released_at
     assert await objects_left(cluster) == {"jobs": [], "secrets": []}
     assert all(key in LOGS.ended for key in LOGS.lines if key[1] == "blender"), "Blender's container ended"
+
+
+async def test_a_jobs_probe_on_a_kube_host_runs_as_a_job_and_estimates_it(
+    kube_host: None, job_kubelet: JobKubelet, cluster: Cluster, scenes: Path, alice: User
+) -> None:
+    """The estimate's probe, on the job's own kind of slice, is a Job too: its frame given back to the probe's
+    output folder, read there, and removed with it."""
+    job = await in_thread(make_job, alice, scenes / "small.blend", [1, 2, 3], RenderJob.State.ESTIMATING)
+
+    job = await in_thread(services.estimate, job.pk)
+
+    assert job.state == RenderJob.State.AWAITING_CONFIRMATION, job.failure_message
+    estimate = await in_thread(services.estimate_of, job)
+    assert estimate is not None and estimate.device == "CPU" and estimate.seconds_per_frame > 0
+    assert (estimate.facts["resolution_x"], estimate.facts["resolution_y"]) == (64, 48)
+    (job_name,) = job_kubelet.seen
+    assert "-probe-" in job_name
+    (probe_slice,) = await in_thread(lambda: list(Slice.objects.filter(holder_id=job.pk)))
+    assert probe_slice.released_at is not None and probe_slice.held_from is not None
+    assert not (job.folder_path() / "frames").exists() or not any((job.folder_path() / "frames").iterdir())
+    assert await objects_left(cluster) == {"jobs": [], "secrets": []}
