@@ -56,11 +56,28 @@ def test_the_programs_images_and_secrets_are_ours() -> None:
     roles = ENTRYPOINT.read_text().split('case "$role" in', 1)[1]
     for document in objects:
         for spec in pod_specs(document):
-            # Only the worker holds the service account's token: its reconciliation lists and deletes pods.
-            assert spec["automountServiceAccountToken"] is (document["metadata"]["name"] == "gpu-portal-worker")
+            # Only the programs that call the cluster's API hold the service account's token: the worker's
+            # reconciliation, and the estimate and render workers, which make and follow render runs' Jobs.
+            callers = {"gpu-portal-worker", "gpu-portal-estimate", "gpu-portal-render"}
+            assert spec["automountServiceAccountToken"] is (document["metadata"]["name"] in callers)
             check_containers(spec, roles)
+            if document["metadata"]["name"] in {*callers, "gpu-portal-web"}:  # they share the render folder
+                (mount,) = spec["containers"][0]["volumeMounts"]
+                assert mount == {"name": "render", "mountPath": "/var/lib/portal/render"}
+                shared = {"name": "render", "persistentVolumeClaim": {"claimName": "gpu-portal-render"}}
+                assert spec["volumes"] == [shared]
     (role,) = [document for document in objects if document["kind"] == "Role"]
-    assert role["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "delete"]}]
+    granted = {(group, resource): set(rule["verbs"]) for rule in role["rules"] for group in rule["apiGroups"]
+               for resource in rule["resources"]}  # fmt: skip
+    assert granted == {
+        ("", "pods"): {"get", "list", "delete"},
+        ("", "pods/log"): {"get"},
+        ("", "secrets"): {"create", "delete"},
+        ("batch", "jobs"): {"create", "get", "list", "patch", "delete"},
+        ("resource.k8s.io", "resourceclaims"): {"create", "delete"},
+    }, "what the reconciliation and the render runs call (sessions/runtime/kube/pods.py, runs.py), nothing more"
+    (claim,) = [document for document in objects if document["kind"] == "PersistentVolumeClaim"]
+    assert claim["spec"]["accessModes"] == ["ReadWriteMany"], "mounted by pods on any node"
     (secret,) = [document for document in objects if document["kind"] == "Secret"]
     assert set(secret["stringData"].values()) == {"change-me"}  # refused by every program until replaced
     agent = next(document for document in objects if document["kind"] == "DaemonSet")
