@@ -13,13 +13,17 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from sessions.gpus.models import Slice
 from sessions.runtime import engines
 from sessions.runtime.docker import ContainerState, DockerRuntime, RuntimeError_
 from sessions.runtime.engine_config import KUBE
 from sessions.runtime.sandbox import Sandbox
 from sessions.runtime.spec import LABEL_PREFIX, ContainerSpec
+
+if TYPE_CHECKING:  # the cluster's client is loaded only where a kube:// host renders
+    from sessions.runtime.kube.runs import JobRuntime
 
 log = logging.getLogger(__name__)
 JOB_LABEL = "render_job"  # gpu-portal.render_job=<job id>, on every container of the job (probe and chunks)
@@ -42,16 +46,22 @@ def _attrs(runtime: DockerRuntime, container_id: str) -> dict[str, Any] | None:
         return None
 
 
-def inspect(runtime: DockerRuntime, container_id: str) -> ContainerState | None:
-    """A container's state as the engine has it; None once it is gone (or the engine will not say)."""
+def inspect(runtime: DockerRuntime | JobRuntime, container_id: str) -> ContainerState | None:
+    """A container's state as the engine has it (a run's Blender's, on Kubernetes); None once it is gone (or
+    the engine will not say)."""
+    if not isinstance(runtime, DockerRuntime):
+        return runtime.state(container_id)
     attrs = _attrs(runtime, container_id)
     return ContainerState.of(attrs) if attrs is not None else None
 
 
-def job_of(runtime: DockerRuntime, container_id: str) -> int | None:
-    """The render job a container belongs to, from its label."""
-    attrs = _attrs(runtime, container_id)
-    value = ((attrs or {}).get("Config") or {}).get("Labels", {}).get(f"{LABEL_PREFIX}.{JOB_LABEL}", "")
+def job_of(runtime: DockerRuntime | JobRuntime, container_id: str) -> int | None:
+    """The render job a container (a run) belongs to, from its label."""
+    if not isinstance(runtime, DockerRuntime):
+        labels = runtime.labels_of(container_id)
+    else:
+        labels = ((_attrs(runtime, container_id) or {}).get("Config") or {}).get("Labels") or {}
+    value = labels.get(f"{LABEL_PREFIX}.{JOB_LABEL}", "")
     return int(value) if str(value).isdigit() else None
 
 
@@ -103,7 +113,7 @@ class Watched(DockerRuntime):
         return self.ended.finished_at if self.ended is not None else None
 
 
-def runtime_at(endpoint: str) -> Sandbox:
+def runtime_at(endpoint: str) -> DockerRuntime | JobRuntime:
     """What runs render work at an engine's endpoint: a Docker engine, or a Kubernetes namespace (``kube://``),
     whose runs are Jobs (``sessions.runtime.kube.runs``)."""
     if endpoint.startswith(KUBE):
@@ -111,6 +121,11 @@ def runtime_at(endpoint: str) -> Sandbox:
 
         return JobRuntime(endpoint)
     return engines.at(endpoint)
+
+
+def of_slice(taken: Slice | None) -> DockerRuntime | JobRuntime:
+    """What runs render work on a slice's host (this machine's engine for none)."""
+    return runtime_at(engines.endpoint_of(taken.gpu.host.name) if taken is not None else engines.LOCAL)
 
 
 def of_job(runtime: Sandbox, job_id: int) -> list[str]:

@@ -77,7 +77,7 @@ def recover_after_restart(host: str | None = None) -> dict[str, int]:
         held = held.filter(gpu__host__name=host)
     touched: set[int] = set()
     for chunk in rendering:
-        runtime = engines.for_slice(chunk.slice) if chunk.slice is not None else engines.at(engines.LOCAL)
+        runtime = containers.of_slice(chunk.slice)
         containers.stop(runtime, containers.of_chunk(runtime, chunk.pk))
         for container_id in containers.of_chunk(runtime, chunk.pk):
             runtime.remove(container_id)
@@ -105,7 +105,7 @@ def restart_probes() -> dict[str, int]:
 
 def _restart_probe(job_id: int) -> None:
     held = services.held_by(job_id)
-    for runtime in map(engines.at, engines.endpoints_for(held)):
+    for runtime in map(containers.runtime_at, engines.endpoints_for(held)):
         found = containers.of_job(runtime, job_id)
         containers.stop(runtime, found)
         for container_id in found:
@@ -252,7 +252,7 @@ def _remove_leftover_containers() -> int:
     ended = RenderJob.objects.filter(state__in=RenderJob.ENDED, finished_at__lt=timezone.now() - GRACE)
     for endpoint, hosts in engines.by_engine(GpuHost.objects.values_list("name", flat=True)).items():
         try:
-            runtime = engines.at(endpoint)
+            runtime = containers.runtime_at(endpoint)
             for container_id in runtime.containers_for(containers.JOB_LABEL):
                 job_id = containers.job_of(runtime, container_id)
                 if job_id is not None and ended.filter(pk=job_id).exists():
@@ -272,7 +272,7 @@ def _put_back_lost_chunks() -> int:
     stale = RenderChunk.objects.filter(state=ChunkState.RENDERING, started_at__lt=since)
     for chunk in stale.exclude(job__state__in=RenderJob.ENDED).select_related("job", "slice__gpu__host"):
         try:
-            runtime = engines.for_slice(chunk.slice) if chunk.slice is not None else engines.at(engines.LOCAL)
+            runtime = containers.of_slice(chunk.slice)
             found = containers.of_chunk(runtime, chunk.pk)
         except (RuntimeError_, OSError) as error:
             log.error("render chunk %s: its host's Docker engine cannot be reached: %s", chunk.pk, error)

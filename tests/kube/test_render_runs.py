@@ -11,11 +11,13 @@ from __future__ import annotations
 import asyncio
 import hashlib
 from collections.abc import AsyncIterator, Iterator
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
 from django.contrib.auth.models import User
+from django.utils import timezone
 from kubernetes_asyncio.client import ApiClient, BatchV1Api, Configuration, CoreV1Api
 from PIL import Image
 from pytest_django.fixtures import Settings
@@ -23,8 +25,8 @@ from pytest_django.fixtures import Settings
 from billing import seeds
 from billing.models import Price
 from sessions.gpus.models import Slice
-from sessions.render import chunks, services, stopping
-from sessions.render.models import RenderFrame, RenderJob
+from sessions.render import chunks, recovery, services, stopping
+from sessions.render.models import RenderChunk, RenderFrame, RenderJob
 from tests.gpus.conftest import use_fleet
 from tests.kube.cluster import NAMESPACE, Cluster, in_thread
 from tests.kube.job_kubelet import LOGS, JobKubelet
@@ -133,6 +135,14 @@ async def test_a_cancelled_job_stops_its_run_on_the_node_and_its_charges_end_wit
     while not any(container == "blender" and lines for (_, container), lines in LOGS.lines.items()):
         assert loop.time() < deadline and not rendering.done(), "Blender did not start in the Job's pod"
         await asyncio.sleep(0.2)
+
+    # The periodic reconciliation finds the run by its labels on the node, running: nothing is put back,
+    # however long ago the chunk began.
+    await in_thread(lambda: RenderChunk.objects.filter(job=job).update(started_at=timezone.now() - timedelta(hours=1)))
+    counts = await in_thread(recovery.reconcile)
+    assert counts["chunks_put_back"] == 0 and counts["containers_removed"] == 0, counts
+    assert await in_thread(lambda: RenderChunk.objects.get(job=job).state) == RenderChunk.State.RENDERING
+    assert not rendering.done()
 
     await in_thread(stopping.cancel, job.pk)
     await asyncio.wait_for(rendering, 120)

@@ -266,6 +266,25 @@ class JobRuntime:
 
         return self._call(listed)  # type: ignore[no-any-return]
 
+    def state(self, container_id: str) -> ContainerState | None:
+        """Blender's container's state in the run's pod; None once the run (or its pod) is gone."""
+        pod = self._pod(container_id)
+        return state_of(pod, BLENDER) if pod is not None else None
+
+    def labels_of(self, container_id: str) -> dict[str, str]:
+        """The portal's labels on a run's Job; empty once it is gone."""
+
+        async def read(client: ApiClient) -> dict[str, str]:
+            try:
+                job = await BatchV1Api(client).read_namespaced_job(container_id, self.namespace, _request_timeout=10)
+            except ApiException as error:
+                if error.status == 404:
+                    return {}
+                raise
+            return dict(job.metadata.labels or {})
+
+        return self._call(read)  # type: ignore[no-any-return]
+
     def within_host(self, spec: ContainerSpec) -> ContainerSpec:
         return spec  # the node's allocatable is the scheduler's to check; the allocator sized the slice
 
