@@ -52,6 +52,10 @@ DOCKER_ENGINES = engine_config.parse(env.text("PORTAL_DOCKER_ENGINES", ""), DOCK
 # A kube:// host's cluster API (sessions/runtime/kube/pods.py): empty, the cluster the portal runs in (its
 # service account); else an address such as a kubectl proxy's.
 KUBERNETES_API = env.text("PORTAL_KUBERNETES_API", "")
+# Whose MIG layout this agent's hosts have (sessions/gpus/fleet.py): "portal", which makes and removes
+# instances as slices need them (dynamic MIG), or "cluster", a Kubernetes node whose layout NVIDIA's
+# mig-manager applies: the agent then takes the instances it finds as a static layout and changes none.
+MIG_LAYOUT = env.choice("PORTAL_MIG_LAYOUT", "portal", {"portal": "portal", "cluster": "cluster"})
 # How a render run on a kube:// host asks for its slice (sessions/runtime/kube/jobs.py): the device plugin's
 # resources or a DRA claim; and the images its Job runs (as the cluster's nodes pull them).
 KUBERNETES_SLICE_REQUEST = env.choice(

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 
+from django.conf import settings
 from django.db import transaction
 from django.db.models import Count, Q
 from django.utils import timezone
@@ -50,7 +51,12 @@ def sync_fleet(backend: GpuBackend | None = None) -> list[GpuHost]:
 def _sync_host(found: FoundHost, backend: GpuBackend) -> GpuHost:
     host, _ = GpuHost.objects.update_or_create(
         name=found.name,
-        defaults={"backend": found.backend, "driver_version": found.driver_version, "last_seen": timezone.now()},
+        defaults={
+            "backend": found.backend,
+            "driver_version": found.driver_version,
+            "last_seen": timezone.now(),
+            "mig_layout": settings.MIG_LAYOUT,  # the agent's own: whose layout its GPUs have
+        },
     )
     seen, refused = [], []
     for found_gpu in found.gpus:
@@ -87,6 +93,10 @@ def _sync_gpu(host: GpuHost, found: FoundGpu, backend: GpuBackend) -> Gpu:
     gpu.model_name, gpu.memory_mib = found.model_name, found.memory_mib
     gpu.mig_capable, gpu.mig_enabled, gpu.mig_pending = found.mig_capable, found.mig_enabled, found.mig_pending
     gpu.state, gpu.state_detail = _state_of(gpu, found)
+    if host.mig_layout == GpuHost.MigLayout.CLUSTER and gpu.mig_policy == Gpu.Policy.DYNAMIC:
+        # mig-manager owns the layout: the instances found are taken as they are, none reclaimed or made.
+        log.info("%s: its MIG layout is the cluster's; the instances found are its static layout", gpu)
+        gpu.mig_policy = Gpu.Policy.STATIC
     if not orders.unfinished(gpu):  # else its agent is changing it: the next discovery compares
         _sync_instances(gpu, found, backend)
     gpu.save()
@@ -128,6 +138,12 @@ def _sync_instances(gpu: Gpu, found: FoundGpu, backend: GpuBackend) -> None:
     recount(gpu)
 
 
+CLUSTER_OWNS_LAYOUT = (
+    "This GPU's MIG layout is its Kubernetes node's (mig-manager applies it from the node's label; the host's agent "
+    "runs with PORTAL_MIG_LAYOUT=cluster): change it there, and the portal takes the instances it finds."
+)
+
+
 def _lock_idle(gpu_id: int) -> Gpu:
     gpu = Gpu.objects.select_for_update().get(pk=gpu_id)
     busy = gpu.slices.filter(released_at__isnull=True).count()
@@ -143,6 +159,8 @@ def set_policy(gpu_id: int, policy: str) -> Gpu:
     gpu = _lock_idle(gpu_id)
     if gpu.sharing != Gpu.Sharing.MIG:
         raise FleetChangeRefused("Only a GPU that hands out MIG slices has a MIG policy.")
+    if gpu.host.mig_layout == GpuHost.MigLayout.CLUSTER and policy != gpu.mig_policy:
+        raise FleetChangeRefused(CLUSTER_OWNS_LAYOUT)
     if policy not in Gpu.Policy.values:
         raise FleetChangeRefused(f"Unknown policy {policy!r}.")
     if policy == Gpu.Policy.DYNAMIC and gpu.mig_policy != policy:
@@ -157,6 +175,8 @@ def set_layout(gpu_id: int, layout: list[tuple[str, int]]) -> HostOrder:
     """Order a static GPU's MIG instances replaced with ``layout`` (its host's agent applies it; the caller may
     wait: ``orders.wait``); refuses illegal layouts, saying why."""
     gpu = _lock_idle(gpu_id)
+    if gpu.host.mig_layout == GpuHost.MigLayout.CLUSTER:
+        raise FleetChangeRefused(CLUSTER_OWNS_LAYOUT)
     if gpu.sharing != Gpu.Sharing.MIG or gpu.mig_policy != Gpu.Policy.STATIC:
         raise FleetChangeRefused("Layouts apply to MIG GPUs with the static policy; switch the policy first.")
     try:

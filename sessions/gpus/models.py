@@ -50,6 +50,17 @@ class GpuHost(models.Model):
     heartbeat_at = models.DateTimeField(
         null=True, blank=True, help_text="Its agent's last heartbeat (the database's clock); never: no agent yet."
     )
+
+    class MigLayout(models.TextChoices):
+        PORTAL = "portal", "The portal's"
+        CLUSTER = "cluster", "The cluster's (mig-manager)"
+
+    # Whose MIG layout the host's GPUs have (PORTAL_MIG_LAYOUT on its agent): the portal's, which makes and
+    # removes instances as slices need them, or a Kubernetes node's, which NVIDIA's mig-manager applies from a
+    # node label: the portal then takes the instances it finds and never changes them.
+    mig_layout = models.CharField(
+        max_length=10, choices=MigLayout.choices, default=MigLayout.PORTAL, db_default=MigLayout.PORTAL
+    )
     cpus = models.PositiveIntegerField(null=True, blank=True, help_text="CPUs the agent found on the host.")
     memory_mib = models.PositiveBigIntegerField(null=True, blank=True, help_text="Memory the agent found.")
     # What the Swarm says of the host's machine (sessions.runtime.swarm), when the portal runs on one.

@@ -186,6 +186,11 @@ def _carried_out(order: HostOrder) -> None:
     """Carry the order out and record its result. A create or destroy sends its writes and the order's result
     together (``statements.together``: one round trip on PostgreSQL after the device is read)."""
     agency.require(order.host.name, f"order {order.pk}")
+    if settings.MIG_LAYOUT == "cluster":  # mig-manager's layout: this agent changes no instance, whoever asks
+        log.warning("order %s (%s on %s) refused: the node's MIG layout is the cluster's", order.pk, order.action,
+                    order.gpu)  # fmt: skip
+        _finished(order, OrderState.FAILED, "this node's MIG layout is the cluster's (PORTAL_MIG_LAYOUT=cluster)")
+        return
     try:
         backend = backend_for_host(order.host.backend)
         if order.action == Action.LAYOUT:

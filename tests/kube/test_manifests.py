@@ -82,6 +82,9 @@ def test_the_programs_images_and_secrets_are_ours() -> None:
     assert set(secret["stringData"].values()) == {"change-me"}  # refused by every program until replaced
     agent = next(document for document in objects if document["kind"] == "DaemonSet")
     assert agent["spec"]["template"]["spec"]["runtimeClassName"] == "nvidia"
+    (agent_container,) = agent["spec"]["template"]["spec"]["containers"]
+    environment = {item["name"]: item.get("value") for item in agent_container["env"]}
+    assert environment["PORTAL_MIG_LAYOUT"] == "cluster", "mig-manager owns the nodes' layouts: the agent stands back"
     (web,) = [document for document in objects if document["metadata"]["name"] == "gpu-portal-web"
               and document["kind"] == "Deployment"]  # fmt: skip
     (port,) = web["spec"]["template"]["spec"]["containers"][0]["ports"]
