@@ -38,6 +38,11 @@ class PortalKubeSpawner(PortalHandshake, KubeSpawner):
     ).tag(config=True)
 
     unschedulable_poll_interval = Float(0.2, help="Seconds between looks at the pod's scheduling.").tag(config=True)
+    scratch_limit = Unicode(
+        "10Gi",
+        help="The most a server's home and /tmp (the node's disk, gone with the pod) may each hold; past it the "
+        "kubelet evicts the pod, as a node's disk must not fill (work/ is the person's claim, kept).",
+    ).tag(config=True)
 
     kube_slice: KubeSlice | None = None
     own_claim = ""  # the DRA claim made for this pod alone, removed with it
@@ -94,8 +99,8 @@ class PortalKubeSpawner(PortalHandshake, KubeSpawner):
         self.pvc_name = launch["volume"]
         self.volumes = {
             "work": {"name": "work", "persistentVolumeClaim": {"claimName": self.pvc_name}},
-            "home": {"name": "home", "emptyDir": {}},
-            "tmp": {"name": "tmp", "emptyDir": {}},
+            "home": {"name": "home", "emptyDir": {"sizeLimit": self.scratch_limit}},
+            "tmp": {"name": "tmp", "emptyDir": {"sizeLimit": self.scratch_limit}},
         }
         self.volume_mounts = {
             "home": {"name": "home", "mountPath": JOVYAN_HOME},

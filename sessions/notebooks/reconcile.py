@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 from datetime import datetime, timedelta
+from typing import TYPE_CHECKING
 
 from django.conf import settings
 from django.db.models import Q
@@ -42,7 +43,9 @@ from sessions.runtime import engines
 from sessions.runtime.docker import ContainerState, DockerRuntime, RuntimeError_
 from sessions.runtime.engine_config import KUBE
 from sessions.runtime.isolation import repair
-from sessions.runtime.kube.pods import PodRuntime
+
+if TYPE_CHECKING:  # the cluster's client is loaded only where a kube:// host needs it
+    from sessions.runtime.kube.pods import PodRuntime
 
 log = logging.getLogger(__name__)
 # A start may wait this long for the hub (PORTAL_HUB_START_PATIENCE_SECONDS); past it plus a margin, it never will.
@@ -72,7 +75,7 @@ def reconcile(runtime: DockerRuntime | None = None) -> dict[str, int]:
     names = GpuHost.objects.values_list("name", flat=True)
     for endpoint, hosts in engines.by_engine(names).items():
         try:
-            here = runtime or (PodRuntime(endpoint) if endpoint.startswith(KUBE) else engines.at(endpoint))
+            here = runtime or (_pods(endpoint) if endpoint.startswith(KUBE) else engines.at(endpoint))
             counts["confirmed"] += _follow(here, proof, counts, hosts, local=endpoint == engines.LOCAL)
         except (RuntimeError_, OSError) as error:  # the engine does not answer: nothing there is confirmed
             log.error(
@@ -191,3 +194,9 @@ def _release_orphan_slices() -> int:
             continue
         released += 1
     return released
+
+
+def _pods(endpoint: str) -> PodRuntime:
+    from sessions.runtime.kube.pods import PodRuntime
+
+    return PodRuntime(endpoint)

@@ -15,6 +15,7 @@ session is never stopped for it, as that would lose what its owner has not saved
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING
 
 from django.contrib.auth.models import User
 from django.db.models import Max
@@ -25,9 +26,13 @@ from sessions.gpus.models import GpuHost
 from sessions.notebooks.models import NotebookSession, WorkVolume
 from sessions.runtime import disk, engines
 from sessions.runtime.docker import DockerRuntime, RuntimeError_
+from sessions.runtime.engine_config import KUBE
 from sessions.runtime.watchdogs import size_words
 from sessions.storage import shown, usage
 from sessions.storage.models import StorageUse
+
+if TYPE_CHECKING:
+    from sessions.runtime.kube.pods import PodRuntime
 
 log = logging.getLogger(__name__)
 Kind = StorageUse.Kind
@@ -44,6 +49,11 @@ def measure_all() -> int:
     measured, layers, silent = 0, {}, []
     for endpoint, hosts in engines.by_engine(GpuHost.objects.values_list("name", flat=True)).items():
         try:
+            if endpoint.startswith(KUBE):  # a namespace of a cluster: its work claims (no layer: a pod's is bounded)
+                from sessions.runtime.kube.pods import PodRuntime  # the cluster's client, loaded where it is used
+
+                measured += _measure_claims(PodRuntime(endpoint), _copy_on(endpoint, hosts))
+                continue
             runtime = engines.at(endpoint)
             measured += _measure_volumes(runtime, _copy_on(endpoint, hosts))
             layers.update(runtime.session_layers())
@@ -102,6 +112,28 @@ def _measure_volumes(runtime: DockerRuntime, host: str) -> int:
                 size=sizes[volume.name],
                 url=reverse("session-list"),
             )
+    return len(sizes)
+
+
+def _measure_claims(runtime: PodRuntime, host: str) -> int:
+    """On a Kubernetes namespace a work folder is the person's claim (``PortalKubeSpawner``), counted as what the
+    cluster holds for it (its capacity): nothing reads what is written into a claim no pod mounts."""
+    due = _due_volumes(host)
+    if not due:
+        return 0
+    sizes = runtime.claim_sizes([volume.name for volume in due])
+    for volume in due:
+        if volume.name not in sizes:  # never made (no session there yet), or removed
+            usage.forget(Kind.WORK_VOLUME, _key(volume, host))
+            continue
+        usage.record(
+            volume.owner_id,
+            Kind.WORK_VOLUME,
+            _key(volume, host),
+            label=f"{WORK_FOLDER} on {host}" if host else WORK_FOLDER,
+            size=sizes[volume.name],
+            url=reverse("session-list"),
+        )
     return len(sizes)
 
 

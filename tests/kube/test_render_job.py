@@ -301,3 +301,17 @@ def test_the_give_back_sidecar_sends_the_frames_when_told_to_end_and_nothing_els
     refused = podfiles("give-back", "--from", str(output), "--run", "chunk0-2", "--now", env=expired)
     assert refused.returncode == 1 and "403" in refused.stderr
     assert not (job.folder_path() / "frames" / "chunk0-2").exists()
+
+
+def test_a_portal_process_loads_the_clusters_client_only_where_a_kube_host_needs_it() -> None:
+    """Every program of the portal starts without the Kubernetes client (its import is heavy, and it reads a
+    kube-config as it loads): only a kube:// host's work loads it."""
+    code = (
+        "import django, sys; django.setup(); import portal.urls, portal.celery, sessions.render.tasks, "
+        "sessions.notebooks.tasks, sessions.storage.tasks; print(sorted(name for name in sys.modules "
+        "if name.split('.')[0] in ('kubernetes_asyncio', 'kubespawner')))"
+    )
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "portal.settings"}
+    found = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert found.returncode == 0, found.stderr[-2000:]
+    assert found.stdout.strip().splitlines()[-1] == "[]"

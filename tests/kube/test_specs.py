@@ -112,6 +112,7 @@ async def test_the_pod_is_hardened_and_mounts_the_persons_work_claim() -> None:
     assert mounts == {"/home/jovyan": "home", "/home/jovyan/work": "work", "/tmp": "tmp"}  # noqa: S108
     volumes = {volume["name"]: volume for volume in spec["volumes"]}
     assert volumes["work"]["persistentVolumeClaim"] == {"claimName": made.pvc_name}
+    assert volumes["home"]["emptyDir"] == volumes["tmp"]["emptyDir"] == {"sizeLimit": "10Gi"}, "the node's disk bounded"
     # The portal's labels, in label values' alphabet; the full values as annotations.
     assert pod["metadata"]["labels"]["gpu-portal.holder"] == "notebook-12"
     assert pod["metadata"]["annotations"]["gpu-portal.holder-full"] == "notebook:12"

@@ -14,7 +14,9 @@ answer raises ``RuntimeError_``, as an engine that does not answer does: nothing
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import Awaitable, Callable
+from decimal import ROUND_CEILING, Decimal
 from typing import Any
 
 from django.conf import settings
@@ -48,6 +50,22 @@ def state_of(pod: dict[str, Any], container: str = SERVER_CONTAINER) -> Containe
     finished = engine_time(str(ended.get("finishedAt") or "")) if ended else None
     exit_code = int(ended["exitCode"]) if ended.get("exitCode") is not None else None
     return ContainerState(alive, finished, exit_code, ended.get("reason") == "OOMKilled", started)
+
+
+QUANTITY = re.compile(r"^([0-9.]+)([eE][0-9]+|[KMGTPE]i|[kMGTPE])?$")
+SUFFIXES = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60,
+            "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18}  # fmt: skip
+
+
+def quantity_bytes(quantity: str) -> int:
+    """A Kubernetes quantity of bytes ("20Gi", "500M", "1e9", "1024") as a number of bytes, rounded up;
+    ValueError for one that is not."""
+    found = QUANTITY.match(quantity.strip())
+    if found is None:
+        raise ValueError(f"{quantity[:50]!r} is not a Kubernetes quantity")
+    number, suffix = Decimal(found.group(1)), found.group(2) or ""
+    factor = Decimal(10) ** int(suffix[1:]) if suffix[:1] in ("e", "E") and suffix[1:] else SUFFIXES.get(suffix, 1)
+    return int((number * factor).to_integral_value(rounding=ROUND_CEILING))
 
 
 def ours(labels: dict[str, str]) -> bool:
@@ -100,6 +118,26 @@ class PodRuntime:
             if pod["metadata"]["labels"].get(SESSION_LABEL) == str(session_id):
                 return state_of(pod)
         return None
+
+    def claim_sizes(self, names: list[str]) -> dict[str, int]:
+        """The size of each of these persistent volume claims that exists: what the cluster holds for it (its
+        capacity once bound, else what it asks for), in bytes."""
+        wanted = set(names)
+
+        async def listed(client: ApiClient) -> dict[str, int]:
+            found = await CoreV1Api(client).list_namespaced_persistent_volume_claim(self.namespace, _request_timeout=10)
+            sizes = {}
+            for claim in found.items:
+                if claim.metadata.name not in wanted:
+                    continue
+                held = (claim.status.capacity if claim.status else None) or {}
+                asked = (claim.spec.resources.requests if claim.spec and claim.spec.resources else None) or {}
+                size = held.get("storage") or asked.get("storage")
+                if size:
+                    sizes[claim.metadata.name] = quantity_bytes(str(size))
+            return sizes
+
+        return self._call(listed)  # type: ignore[no-any-return]
 
     def remove(self, name: str) -> None:
         async def deleted(client: ApiClient) -> None:
