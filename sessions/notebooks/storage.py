@@ -104,14 +104,7 @@ def _measure_volumes(runtime: DockerRuntime, host: str) -> int:
     sizes = disk.volume_bytes(runtime, [volume.name for volume in present]) if present else {}
     for volume in present:
         if volume.name in sizes:
-            usage.record(
-                volume.owner_id,
-                Kind.WORK_VOLUME,
-                _key(volume, host),
-                label=f"{WORK_FOLDER} on {host}" if host else WORK_FOLDER,
-                size=sizes[volume.name],
-                url=reverse("session-list"),
-            )
+            _record_volume(volume, host, sizes[volume.name])
     return len(sizes)
 
 
@@ -126,15 +119,13 @@ def _measure_claims(runtime: PodRuntime, host: str) -> int:
         if volume.name not in sizes:  # never made (no session there yet), or removed
             usage.forget(Kind.WORK_VOLUME, _key(volume, host))
             continue
-        usage.record(
-            volume.owner_id,
-            Kind.WORK_VOLUME,
-            _key(volume, host),
-            label=f"{WORK_FOLDER} on {host}" if host else WORK_FOLDER,
-            size=sizes[volume.name],
-            url=reverse("session-list"),
-        )
+        _record_volume(volume, host, sizes[volume.name])
     return len(sizes)
+
+
+def _record_volume(volume: WorkVolume, host: str, size: int) -> None:
+    label, where = (f"{WORK_FOLDER} on {host}" if host else WORK_FOLDER), reverse("session-list")
+    usage.record(volume.owner_id, Kind.WORK_VOLUME, _key(volume, host), label=label, size=size, url=where)
 
 
 def _record_layers(layers: dict[int, int], silent: list[str]) -> int:

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sessions.runtime.blender import OUTPUT_DIR, RENDER_UID, SCENE_DIR
-from sessions.runtime.kube.manifests import CONTAINER_SECURITY, POD_SECURITY, dns_egress, label_value
+from sessions.runtime.kube.manifests import CONTAINER_SECURITY, POD_SECURITY, dns_egress, label_value, network_policy
 from sessions.runtime.kube.slices import DEVICE_PLUGIN, DRA, WAYS, KubeSlice
 from sessions.runtime.spec import Limits
 
@@ -204,20 +204,8 @@ def render_network_policy(namespace: str, portal_port: int) -> dict[str, Any]:
     """The render pods' fence: out, the portal's web pods alone, on its port (its file store), and the cluster's
     DNS to find them; in, nothing. Blender shares the pod's network with the file-store containers, so this is
     what a hostile scene could reach: the portal's public pages, and with no token, none of its files."""
-    return {
-        "apiVersion": "networking.k8s.io/v1",
-        "kind": "NetworkPolicy",
-        "metadata": {"name": "gpu-portal-render-runs", "namespace": namespace},
-        "spec": {
-            "podSelector": {"matchLabels": dict(RENDER_POD)},
-            "policyTypes": ["Ingress", "Egress"],
-            "ingress": [],
-            "egress": [
-                {
-                    "to": [{"podSelector": {"matchLabels": dict(PORTAL_WEB_POD)}}],
-                    "ports": [{"protocol": "TCP", "port": portal_port}],
-                },
-                dns_egress(),
-            ],
-        },
+    to_portal = {
+        "to": [{"podSelector": {"matchLabels": dict(PORTAL_WEB_POD)}}],
+        "ports": [{"protocol": "TCP", "port": portal_port}],
     }
+    return network_policy("gpu-portal-render-runs", namespace, RENDER_POD, [], [to_portal, dns_egress()])

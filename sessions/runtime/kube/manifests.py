@@ -61,32 +61,30 @@ def work_volume_claim(
     }
 
 
+def network_policy(
+    name: str, namespace: str, pods: Mapping[str, str], ingress: list[dict[str, Any]], egress: list[dict[str, Any]]
+) -> dict[str, Any]:
+    """A NetworkPolicy of both directions for the pods so labelled: only what the rules name is let through."""
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {
+            "podSelector": {"matchLabels": dict(pods)},
+            "policyTypes": ["Ingress", "Egress"],
+            "ingress": ingress,
+            "egress": egress,
+        },
+    }
+
+
 def server_network_policy(namespace: str, hub_port: int, server_port: int = 8888) -> dict[str, Any]:
     """The notebook servers' fence: out, the hub's API alone (and the cluster's DNS to find it); in, the hub
     and its proxy alone, on the server's port. Everything else (other servers, the portal, its database, the
     nodes, the cloud's metadata address) is refused, as the iptables fence refuses it on a Docker host."""
-    return {
-        "apiVersion": "networking.k8s.io/v1",
-        "kind": "NetworkPolicy",
-        "metadata": {"name": "gpu-portal-servers", "namespace": namespace},
-        "spec": {
-            "podSelector": {"matchLabels": dict(SERVER_POD)},
-            "policyTypes": ["Ingress", "Egress"],
-            "ingress": [
-                {
-                    "from": [
-                        {"podSelector": {"matchLabels": dict(HUB_POD)}},
-                        {"podSelector": {"matchLabels": dict(PROXY_POD)}},
-                    ],
-                    "ports": [{"protocol": "TCP", "port": server_port}],
-                }
-            ],
-            "egress": [
-                {
-                    "to": [{"podSelector": {"matchLabels": dict(HUB_POD)}}],
-                    "ports": [{"protocol": "TCP", "port": hub_port}],
-                },
-                dns_egress(),
-            ],
-        },
+    from_hub = {
+        "from": [{"podSelector": {"matchLabels": dict(HUB_POD)}}, {"podSelector": {"matchLabels": dict(PROXY_POD)}}],
+        "ports": [{"protocol": "TCP", "port": server_port}],
     }
+    to_hub = {"to": [{"podSelector": {"matchLabels": dict(HUB_POD)}}], "ports": [{"protocol": "TCP", "port": hub_port}]}
+    return network_policy("gpu-portal-servers", namespace, SERVER_POD, [from_hub], [to_hub, dns_egress()])
