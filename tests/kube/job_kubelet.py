@@ -115,6 +115,8 @@ class JobKubelet:
         gave_back = _terminated("give-back", sidecar.returncode or 0, err.decode(errors="replace"))
         await report(phase=phase, initContainerStatuses=[_terminated("fetch", 0, ""), gave_back])
         await self._ended(batch, name, "Complete" if phase == "Succeeded" else "Failed", why)
+        if why == "DeadlineExceeded":  # the Job controller deletes a Job's active pods past its deadline
+            await core.delete_namespaced_pod(pod_name, self.namespace)
 
     async def _volumes(self, core: CoreV1Api, spec: dict[str, Any], folder: Path) -> dict[str, Path]:
         """Each volume of the pod as a folder here; the Secret's values as files."""

@@ -20,7 +20,7 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncGenerator, Awaitable, Callable, Iterator
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from django.conf import settings
@@ -71,6 +71,7 @@ class JobRuntime:
         self.container_id: str | None = None
         self.started_at: datetime | None = None
         self.ended: ContainerState | None = None
+        self._killed: dict[str, datetime] = {}  # runs stopped here, and when
 
     @property
     def finished_at(self) -> datetime | None:
@@ -150,10 +151,29 @@ class JobRuntime:
                 if blender.started_at is not None:
                     return pod
                 refusal = _never_starts(pod)
-                if refusal:
-                    raise RuntimeError_(refusal)
+            else:  # none yet, or none any more: the Job may have ended without one (its deadline, a stop)
+                refusal = self._job_failed(name)
+            if refusal:
+                raise RuntimeError_(refusal)
             time.sleep(POLL_S)
         raise RuntimeError_(f"the render run {name} did not start within {START_TIMEOUT_S} s")
+
+    def _job_failed(self, name: str) -> str:
+        """Why the run's Job failed, in the cluster's words; empty while it has not (or is gone)."""
+
+        async def read(client: ApiClient) -> str:
+            try:
+                job = await BatchV1Api(client).read_namespaced_job(name, self.namespace, _request_timeout=10)
+            except ApiException as error:
+                if error.status == 404:
+                    return f"the render run {name} is gone"
+                raise
+            for condition in (job.status.conditions if job.status else None) or []:
+                if condition.type == "Failed" and condition.status == "True":
+                    return f"the render run ended before Blender started: {condition.message or condition.reason}"
+            return ""
+
+        return self._call(read)  # type: ignore[no-any-return]
 
     def output_lines(self, container_id: str) -> Iterator[str]:
         """Blender's container's log, line by line as it comes, until it ends (the API's follow)."""
@@ -207,6 +227,7 @@ class JobRuntime:
         except RuntimeError_ as error:
             log.info("render run %s: not stopped: %s", container_id, error)
             return False
+        self._killed[container_id] = datetime.now(UTC)
         return True
 
     def exit_of(self, container_id: str, timeout: float = 30) -> ContainerState:
@@ -216,6 +237,9 @@ class JobRuntime:
         deadline = time.monotonic() + max(timeout, 300)
         while time.monotonic() < deadline:
             pod = self._pod(container_id)
+            if pod is None and container_id in self._killed:  # the Job controller deleted it past its deadline
+                self.ended = ContainerState(False, self._killed[container_id], 137, False, self.started_at)
+                return self.ended
             if pod is None:
                 raise RuntimeError_(f"the render run {container_id} has no pod")
             blender = state_of(pod, BLENDER)
