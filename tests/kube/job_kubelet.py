@@ -22,7 +22,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from kubernetes_asyncio.client import ApiClient, BatchV1Api, Configuration, CoreV1Api
+from kubernetes_asyncio.client import ApiClient, BatchV1Api, Configuration, CoreV1Api, ResourceV1Api
 
 from tests.helpers.processes import ROOT
 
@@ -53,6 +53,7 @@ class JobKubelet:
         self.seen: set[str] = set()
         self.running: list[asyncio.Task[None]] = []
         self.folders: list[Path] = []
+        self.claims: dict[str, dict[str, Any]] = {}  # each Job's pod's claim, as the kubelet found it (DRA)
 
     async def serve(self, stop: asyncio.Event) -> None:
         async with ApiClient(Configuration(host=self.url)) as client:
@@ -80,6 +81,11 @@ class JobKubelet:
         await core.create_namespaced_pod(self.namespace, pod)
         await batch.patch_namespaced_job(name, self.namespace, {"status": {"startTime": now(), "active": 1}})
         spec = template["spec"]
+        for reference in spec.get("resourceClaims", []):  # the device the claim selects is prepared for the pod
+            found: Any = await ResourceV1Api(client).read_namespaced_resource_claim(
+                reference["resourceClaimName"], self.namespace
+            )
+            self.claims[name] = client.sanitize_for_serialization(found)
         folder = Path(tempfile.mkdtemp(prefix="gpu-portal-kubelet-", dir="/var/tmp"))
         self.folders.append(folder)
         volumes = await self._volumes(core, spec, folder)

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from django.contrib.auth.models import User
 from django.utils import timezone
-from kubernetes_asyncio.client import ApiClient, BatchV1Api, Configuration, CoreV1Api
+from kubernetes_asyncio.client import ApiClient, BatchV1Api, Configuration, CoreV1Api, ResourceV1Api
 from PIL import Image
 from pytest_django.fixtures import Settings
 
@@ -72,15 +72,19 @@ def frames_of(job: RenderJob) -> list[RenderFrame]:
 
 
 async def objects_left(cluster: Cluster) -> dict[str, list[str]]:
+    """The run objects the namespace holds: a run's Job, Secret and own claim go with it."""
     async with ApiClient(Configuration(host=cluster.url)) as client:
         jobs = [job.metadata.name for job in (await BatchV1Api(client).list_namespaced_job(NAMESPACE)).items]
         secrets = [item.metadata.name for item in (await CoreV1Api(client).list_namespaced_secret(NAMESPACE)).items]
-        return {"jobs": jobs, "secrets": secrets}
+        claims = (await ResourceV1Api(client).list_namespaced_resource_claim(NAMESPACE)).items
+        return {"jobs": jobs, "secrets": secrets, **({"claims": [c.metadata.name for c in claims]} if claims else {})}
 
 
+@pytest.mark.parametrize("way", ["device-plugin", "dra"])
 async def test_a_chunk_on_a_kube_host_renders_as_a_job_and_its_frames_come_back(
-    kube_host: None, job_kubelet: JobKubelet, cluster: Cluster, scenes: Path, alice: User
+    way: str, kube_host: None, job_kubelet: JobKubelet, cluster: Cluster, scenes: Path, alice: User, settings: Any
 ) -> None:
+    settings.KUBERNETES_SLICE_REQUEST = way
     job, held = await in_thread(queued_as_one_chunk, alice, scenes / "small.blend", [1, 2, 3], (64, 48))
 
     await in_thread(chunks.work_on_slice, job.pk, held.pk)
@@ -97,6 +101,11 @@ async def test_a_chunk_on_a_kube_host_renders_as_a_job_and_its_frames_come_back(
             assert (image.format, image.size) == ("PNG", (64, 48))
         assert (job.folder_path() / frame.thumbnail_path).is_file(), "made here from the frame given back"
     (job_name,) = job_kubelet.seen
+    if way == "dra":  # the run's own claim was made before its Job, selecting the slice's device
+        claim = job_kubelet.claims[job_name]
+        assert claim["metadata"]["name"] == f"{job_name}-gpu"
+        (request,) = claim["spec"]["devices"]["requests"]
+        assert held.device_uuid in request["exactly"]["selectors"][0]["cel"]["expression"]
     pod_logs = {container: lines for (pod, container), lines in LOGS.lines.items() if pod.startswith(job_name)}
     assert any(b"Saved:" in line for line in pod_logs["blender"]), "Blender rendered in the Job's pod"
     kept_lines = [line for line in pod_logs["give-back"] if b'"kept"' in line]

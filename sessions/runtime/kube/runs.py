@@ -132,9 +132,13 @@ class JobRuntime:
                 if kind == "Secret":
                     await CoreV1Api(client).create_namespaced_secret(self.namespace, manifest, _request_timeout=10)
                 elif kind == "ResourceClaim":
-                    await ResourceV1Api(client).create_namespaced_resource_claim(
-                        self.namespace, manifest, _request_timeout=10
-                    )
+                    try:
+                        await ResourceV1Api(client).create_namespaced_resource_claim(
+                            self.namespace, manifest, _request_timeout=10
+                        )
+                    except ApiException as error:
+                        if error.status != 409:  # a share's claim is its GPU's: another tenant made it
+                            raise
                 else:
                     await BatchV1Api(client).create_namespaced_job(self.namespace, manifest, _request_timeout=10)
 
