@@ -144,8 +144,8 @@ def carry_out_some(hosts: Iterable[str] | None = None, most: int = BATCH) -> int
     with transaction.atomic():
         while done < most:
             order = _claimed(where, [] if agency.EVERY_HOST in names else names)
-            if order is None:
-                break
+            if order is None or not agency.is_agent_of(order.host.name):
+                break  # none waits; or this process stopped acting for its host since the batch began: it waits
             _carried_out(order)
             done += 1
     return done
