@@ -17,6 +17,7 @@ A run is named by its Job's name, as a container by its id; ``containers_for`` l
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import AsyncGenerator, Awaitable, Callable, Iterator
@@ -113,14 +114,15 @@ class JobRuntime:
         made = self.make(spec, command)
         name = str(made[-1]["metadata"]["name"])
         self.container_id = name
-        self._create(made)
         try:
+            self._create(made)
             pod = self._wait_for_blender(name)
             self.started_at = state_of(pod, BLENDER).started_at
             if self.on_started is not None:
                 self.on_started(self.started_at)
-        except Exception:  # never a run going on that nobody follows
-            self.remove(name)
+        except Exception:  # never a run going on that nobody follows, nor half of one made
+            with contextlib.suppress(RuntimeError_):  # the API away: what was made stays, its token expiring
+                self.remove(name)
             raise
         return name
 
