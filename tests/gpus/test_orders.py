@@ -69,7 +69,11 @@ def on_device(gpu: Gpu) -> list[tuple[str, int]]:
     return list(SimulatedGpuInstance.objects.filter(gpu_uuid=gpu.uuid).values_list("profile", "start"))
 
 
-def test_a_process_that_is_not_the_hosts_agent_cannot_change_its_gpus(gpu: Gpu, not_the_agent: None) -> None:
+def test_a_process_that_is_not_the_hosts_agent_cannot_change_its_gpus(
+    gpu: Gpu, not_the_agent: None, suite_agent_stopped: None
+) -> None:
+    """(The suite's executor is stopped: while this test briefly acts for "ord" to make an instance, it would
+    carry out the pending create, which a web process's order must not see done.)"""
     backend = get_backend()
     with pytest.raises(BackendError, match="only the agent of host ord changes its GPUs") as refused:
         backend.create_instance(gpu.uuid, H200.profile("3g.71gb"), 4)
