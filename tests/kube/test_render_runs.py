@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import time
 from collections.abc import AsyncIterator, Iterator
 from datetime import timedelta
 from pathlib import Path
@@ -25,7 +26,7 @@ from pytest_django.fixtures import Settings
 from billing import seeds
 from billing.models import Price
 from sessions.gpus.models import Slice
-from sessions.render import chunks, recovery, services, stopping
+from sessions.render import chunks, queues, recovery, services, stopping
 from sessions.render.models import RenderChunk, RenderFrame, RenderJob
 from tests.gpus.conftest import use_fleet
 from tests.kube.cluster import NAMESPACE, Cluster, in_thread
@@ -52,7 +53,24 @@ def kube_host(settings: Settings, render_root: Path, render_portal_server: str, 
     settings.KUBERNETES_API = cluster.url
     settings.FILE_STORE_URL = render_portal_server
     settings.RENDER_CHUNK_ATTEMPTS = 1
+    taken_by_the_suites_render_worker("gpu-node-2")
     yield
+
+
+def taken_by_the_suites_render_worker(host: str) -> None:
+    """A render worker the suite started earlier (tests/render/stack.py) takes the render queue of every simulated
+    host it finds whose engine is its machine's (in its own settings, gpu-node-2's is), first sending that host's
+    recovery, which puts back a chunk rendering there. Here the test process renders on gpu-node-2 itself: the
+    worker's take, and its recovery, come first, or it would put the test's chunk back mid-run."""
+    deadline = time.monotonic() + 15  # it looks every 2 s; one that serves named hosts alone never takes it
+    while time.monotonic() < deadline:
+        read = queues.hosts_read()
+        if not read:  # no render worker runs: nobody takes the host
+            return
+        if host in read:  # taken: its recovery was sent first, and finds nothing rendering there
+            time.sleep(2)
+            return
+        time.sleep(0.5)
 
 
 @pytest.fixture
