@@ -50,10 +50,9 @@ from sessions.render.services import (
     stop_job,
 )
 from sessions.render.thumbnails import make_thumbnail
-from sessions.runtime import blender, engines
+from sessions.runtime import blender
 from sessions.runtime.blender_log import Event
 from sessions.runtime.docker import RuntimeError_
-from sessions.runtime.engine_config import KUBE
 from sessions.runtime.render import RENDER_IMAGE, render
 from sessions.runtime.slices import spec_for
 from sessions.runtime.watchdogs import size_words
@@ -222,16 +221,10 @@ def _run(claim: Claim) -> datetime | None:
     output = output_folder(job, chunk)
     files.make_private(output)
     bound = storage.output_bound(job.owner_id)
-    engine = engines.endpoint_of(taken.gpu.host.name)  # the slice's host's
-    may_start = functools.partial(_may_render, job.pk, chunk.pk, taken.pk)
-    watched: containers.Watched | JobRuntime
-    if engine.startswith(KUBE):  # a Kubernetes node's: the run is a Job there (sessions.render.kubejobs)
-        watched = kubejobs.runtime_for(
-            engine, job, kubejobs.run_name(chunk), taken, output_bytes=bound.limit,
-            wall_time_s=settings.RENDER_CHUNK_WALL_SECONDS, may_start=may_start,
-        )  # fmt: skip
-    else:
-        watched = containers.Watched(engine, may_start=may_start)
+    watched = kubejobs.watched_for(
+        taken, job, kubejobs.run_name(chunk), output_bytes=bound.limit, wall_time_s=settings.RENDER_CHUNK_WALL_SECONDS,
+        may_start=functools.partial(_may_render, job.pk, chunk.pk, taken.pk),
+    )  # fmt: skip
     watched.on_started = lambda at: _started(job.pk, chunk.pk, taken.pk, watched, at)
     if bound.limit > 0:
         outcome = _rendered(claim, output, watched, bound)

@@ -17,9 +17,11 @@ from typing import TYPE_CHECKING, Any
 from django.conf import settings
 
 from sessions.gpus.models import Slice
-from sessions.render import filestore
+from sessions.render import containers, filestore
 from sessions.render.models import RenderChunk, RenderJob
 from sessions.render.portalstore import sign_for_run
+from sessions.runtime import engines
+from sessions.runtime.engine_config import KUBE
 from sessions.runtime.kube.jobs import Images, RenderRun, render_job, run_secret
 from sessions.runtime.kube.slices import DRA, KubeSlice
 from sessions.runtime.spec import ContainerSpec
@@ -113,3 +115,19 @@ def runtime_for(
 
     runtime.make = make
     return runtime
+
+
+def watched_for(
+    taken: Slice,
+    job: RenderJob,
+    run: str,
+    *,
+    output_bytes: int,
+    wall_time_s: int,
+    may_start: Callable[[], bool] | None = None,
+) -> containers.Watched | JobRuntime:
+    """What a run on the slice renders in: its host's Docker engine, or, on a ``kube://`` host, a Job there."""
+    engine = engines.endpoint_of(taken.gpu.host.name)
+    if not engine.startswith(KUBE):
+        return containers.Watched(engine, may_start=may_start)
+    return runtime_for(engine, job, run, taken, output_bytes=output_bytes, wall_time_s=wall_time_s, may_start=may_start)

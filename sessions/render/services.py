@@ -37,7 +37,6 @@ from sessions.render.models import RenderChunk, RenderFrame, RenderJob
 from sessions.runtime import blender, engines
 from sessions.runtime.blender import RenderSettings
 from sessions.runtime.docker import RuntimeError_
-from sessions.runtime.engine_config import KUBE
 from sessions.runtime.render import RENDER_IMAGE, Probe, SceneTooLarge, SceneUnreadable, probe
 from sessions.runtime.slices import spec_for
 
@@ -198,16 +197,10 @@ def estimate(job_id: int) -> RenderJob:
     except orders.OrderFailed as failed:
         holdings.end(taken.pk, None, "its GPU instance was not made")
         raise ProbeWaits(failed.reason) from None
-    engine = engines.endpoint_of(taken.gpu.host.name)  # the engine of the slice's host
     run = kubejobs.probe_run()
-    watched: containers.Watched | JobRuntime
-    if engine.startswith(KUBE):  # a Kubernetes node's: the probe is a Job there (sessions.render.kubejobs)
-        watched = kubejobs.runtime_for(
-            engine, job, run, taken, output_bytes=settings.RENDER_MAX_OUTPUT_BYTES,
-            wall_time_s=settings.RENDER_PROBE_WALL_SECONDS,
-        )  # fmt: skip
-    else:
-        watched = containers.Watched(engine)
+    watched = kubejobs.watched_for(
+        taken, job, run, output_bytes=settings.RENDER_MAX_OUTPUT_BYTES, wall_time_s=settings.RENDER_PROBE_WALL_SECONDS
+    )
     watched.on_started = lambda at: _probe_started(job_id, taken.pk, watched, at)
     found: Probe | Exception | None = None
     try:
